@@ -1,0 +1,58 @@
+"""chute keeps TPUs and GPUs fed.
+
+Image-classification datasets (class folders, CSV lists, arrays,
+``keras.datasets``) become verified, sharded TFRecord files with a manifest.
+The public API is this facade; heavy modules (TensorFlow) load on first use,
+so ``import chute`` and ``chute --help`` are instant.
+
+Example:
+    >>> import chute
+    >>> result = chute.convert("./Images_with_noise", "./kn-shards", image_size=75,
+    ...                        color_mode="grayscale", val_fraction=0.01)  # doctest: +SKIP
+    >>> chute.verify("./kn-shards").ok  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "ChuteError": "chute.errors",
+    "ConvertOptions": "chute.options",
+    "ConvertResult": "chute.conversion",
+    "convert": "chute.conversion",
+    "Manifest": "chute.manifest",
+    "load_manifest": ("chute.manifest", "load"),
+    "inspect": ("chute.describe", "describe"),
+    "verify": "chute.verification",
+    "VerifyReport": "chute.verification",
+    "make_sample_folder": "chute.samples",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from chute.conversion import ConvertResult, convert
+    from chute.describe import describe as inspect
+    from chute.errors import ChuteError
+    from chute.manifest import Manifest, load as load_manifest
+    from chute.options import ConvertOptions
+    from chute.samples import make_sample_folder
+    from chute.verification import VerifyReport, verify
+
+
+def __getattr__(name: str) -> Any:
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'chute' has no attribute {name!r}")
+    module_name, attribute = target if isinstance(target, tuple) else (target, name)
+    value = getattr(importlib.import_module(module_name), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,109 @@
+"""The record format: ``tf.train.Example`` protos framed as TFRecord, without TensorFlow.
+
+Worker processes build and frame records here so they never import
+TensorFlow (which would cost seconds and hundreds of MB per process). The
+bytes are exactly what ``tf.io.TFRecordWriter`` and ``tf.train.Example``
+would produce, so any TensorFlow reader, including the "Keras on TPU"
+codelab's (``image`` + ``class``), reads them unchanged.
+
+Features of every record:
+
+* ``image`` (bytes): PNG, JPEG, or raw uint8 pixels in HWC order.
+* ``class`` (int64): the label index into the manifest's class names.
+* ``size`` (int64 x2): ``[height, width]`` of this image.
+* ``channels`` (int64): 1 or 3.
+* ``encoding`` (bytes): ``b"raw"``, ``b"png"`` or ``b"jpeg"``.
+* ``key`` (bytes): the image's source key (relative path or array index).
+
+Example:
+    >>> record = frame(encode_example({"class": [3], "image": [b"abc"]}))
+    >>> len(record) == 8 + 4 + len(encode_example({"class": [3], "image": [b"abc"]})) + 4
+    True
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+
+import google_crc32c
+
+IMAGE = "image"
+CLASS = "class"
+SIZE = "size"
+CHANNELS = "channels"
+ENCODING = "encoding"
+KEY = "key"
+
+_MASK_DELTA = 0xA282EAD8
+_U32 = 0xFFFFFFFF
+_U64 = (1 << 64) - 1
+
+
+def _varint(value: int) -> bytes:
+    value &= _U64  # negative int64 values are encoded as 10-byte two's complement
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _feature(values: Sequence[bytes] | Sequence[int]) -> bytes:
+    if values and isinstance(values[0], bytes | bytearray | memoryview):
+        bytes_list = b"".join(_field(1, bytes(v)) for v in values)
+        return _field(1, bytes_list)  # Feature.bytes_list
+    packed = b"".join(_varint(int(v)) for v in values)
+    return _field(3, _field(1, packed))  # Feature.int64_list, packed values
+
+
+def encode_example(features: Mapping[str, Sequence[bytes] | Sequence[int]]) -> bytes:
+    """Serialises a ``tf.train.Example`` whose features are bytes or int64 lists.
+
+    Keys are written in sorted order, so the same features give the same bytes.
+    """
+    entries = b"".join(
+        _field(1, _field(1, key.encode()) + _field(2, _feature(values)))
+        for key, values in sorted(features.items())
+    )
+    return _field(1, entries)  # Example.features
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
+
+
+def frame(record: bytes) -> bytes:
+    """Wraps one serialised record in TFRecord framing (length, CRCs)."""
+    length = struct.pack("<Q", len(record))
+    return length + struct.pack("<I", _masked_crc(length)) + record + struct.pack(
+        "<I", _masked_crc(record)
+    )
+
+
+def image_example(
+    *, image: bytes, label: int, height: int, width: int, channels: int, encoding: str, key: str
+) -> bytes:
+    """Builds and frames the record of one image (see the module docstring)."""
+    return frame(
+        encode_example(
+            {
+                IMAGE: [image],
+                CLASS: [label],
+                SIZE: [height, width],
+                CHANNELS: [channels],
+                ENCODING: [encoding.encode()],
+                KEY: [key.encode("utf-8")],
+            }
+        )
+    )
