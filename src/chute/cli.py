@@ -1,0 +1,202 @@
+"""The ``chute`` command: parse, call the library, print.
+
+    chute demo                              # the whole job on a built-in sample
+    chute convert ./Images_with_noise ./kn-shards --image-size 75 \\
+        --color-mode grayscale --val-fraction 0.01
+    chute inspect ./kn-shards --grid grid.png
+    chute verify ./kn-shards
+
+TensorFlow is imported only by the commands that need it, so ``chute --help``
+is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from chute import __version__
+from chute.errors import ChuteError
+from chute.options import COLOR_MODES, DEFAULT_MAX_PIXELS, ENCODINGS, INTERPOLATIONS, RESIZE_MODES
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chute",
+        description="Keep TPUs and GPUs fed: image datasets -> verified TFRecord shards.",
+    )
+    parser.add_argument("--version", action="version", version=f"chute {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    convert = commands.add_parser(
+        "convert", help="convert an image dataset into TFRecord shards with a manifest",
+        description="Convert a class-per-folder tree, a pre-split tree, a CSV/JSONL list, "
+        "a .npz file or keras:cifar10|cifar100|mnist|fashion_mnist into sharded TFRecords.",
+    )  # fmt: skip
+    convert.add_argument("source", metavar="SRC")
+    convert.add_argument("output", metavar="OUT")
+    convert.add_argument("--image-size", metavar="H[xW]", help="resize to H x W (default: keep a common size)")
+    convert.add_argument("--resize", choices=RESIZE_MODES, default="stretch",
+                         help="how to reach --image-size's aspect ratio (default: stretch)")
+    convert.add_argument("--interpolation", choices=INTERPOLATIONS, default="bilinear")
+    convert.add_argument("--keep-size", action="store_true",
+                         help="store every image at its own size (png or jpeg)")
+    convert.add_argument("--color-mode", choices=COLOR_MODES, default="auto")
+    convert.add_argument("--encoding", choices=ENCODINGS, default="auto")
+    convert.add_argument("--quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
+    convert.add_argument("--val-fraction", type=float, default=0.0)
+    convert.add_argument("--test-fraction", type=float, default=0.0)
+    convert.add_argument("--seed", type=int, default=1337)
+    convert.add_argument("--shard-size-mb", type=float, default=128.0)
+    convert.add_argument("--min-shards", type=int, default=None,
+                         help="minimum shards per split (default 16 when each gets >= 64 images)")
+    convert.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                         help="reject larger images (decompression bombs)")
+    convert.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    convert.add_argument("--overwrite", action="store_true",
+                         help="replace an existing conversion made with other options")
+    convert.add_argument("--allow-outside", action="store_true",
+                         help="let a CSV/JSONL list name files outside its folder")
+    convert.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                         help="progress bars (default: when stderr is a terminal)")  # fmt: skip
+
+    inspect = commands.add_parser("inspect", help="summarise a converted dataset")
+    inspect.add_argument("path", metavar="OUT")
+    inspect.add_argument("--grid", metavar="FILE.png", help="also draw sample images per class")
+    inspect.add_argument("--split", default="train", help="split for --grid (default train)")
+    inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    verify = commands.add_parser("verify", help="re-read every shard and check it against the manifest")
+    verify.add_argument("path", metavar="OUT")
+    verify.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+
+    demo = commands.add_parser("demo", help="run the whole job on a built-in sample (no download)")
+    demo.add_argument("directory", nargs="?", default="chute-demo",
+                      help="where to put the demo's files (default ./chute-demo)")  # fmt: skip
+    return parser
+
+
+class _Bars:
+    """tqdm progress bars, one per phase, fed by the library's progress callback."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bars: dict = {}
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        bar = self.bars.get(phase)
+        if bar is None:
+            bar = self.bars[phase] = tqdm(total=total, desc=phase, unit="img", leave=False)
+        bar.update(done - bar.n)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+
+
+def _progress_enabled(flag: bool | None) -> bool:
+    return sys.stderr.isatty() if flag is None else flag
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from chute.conversion import convert
+
+    bars = _Bars(_progress_enabled(args.progress))
+    try:
+        result = convert(
+            args.source, args.output, workers=args.workers, overwrite=args.overwrite,
+            allow_outside=args.allow_outside, progress=bars,
+            image_size=args.image_size, resize=args.resize, interpolation=args.interpolation,
+            keep_size=args.keep_size, color_mode=args.color_mode, encoding=args.encoding,
+            quality=args.quality, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
+            seed=args.seed, shard_size_mb=args.shard_size_mb, min_shards=args.min_shards,
+            max_pixels=args.max_pixels,
+        )  # fmt: skip
+    finally:
+        bars.close()
+    manifest = result.manifest
+    if result.already_done:
+        print(f"{args.output} already holds this conversion (same source and options): nothing to do.")
+        return 0
+    total = sum(result.num_written.values())
+    rate = total / result.seconds if result.seconds else 0.0
+    spec = manifest.image
+    size = f"{spec['height']}x{spec['width']}" if spec["height"] else "original-size"
+    print(f"converted {args.source} -> {args.output} in {result.seconds:.1f} s ({rate:,.0f} images/s)")
+    print(f"  {manifest.num_classes} classes, {size} x{spec['channels']} {spec['encoding']}")
+    for name, split in manifest.splits.items():
+        print(f"  {name:<5} {split['num_examples']:>8} images in {len(split['shards'])} shard(s)")
+    if result.resumed_shards:
+        print(f"  resumed: {result.resumed_shards} shard(s) kept from the interrupted run")
+    print(f"  rejected {result.num_rejected} input(s) (listed in {args.output}/rejects.csv); "
+          f"{len(manifest.duplicates)} duplicate group(s)")  # fmt: skip
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    if args.json:
+        from chute.manifest import load
+
+        print(load(args.path).to_json(), end="")
+    else:
+        from chute.describe import describe
+
+        print(describe(args.path))
+    if args.grid:
+        from chute.report import draw_grid
+
+        print(f"grid of sample images: {draw_grid(args.path, args.grid, split=args.split)}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from chute.verification import verify
+
+    bars = _Bars(_progress_enabled(args.progress))
+    try:
+        report = verify(args.path, progress=bars)
+    finally:
+        bars.close()
+    if report.ok:
+        print(f"ok: {report.num_shards} shards, {report.num_records} records match {args.path}/manifest.json")
+        return 0
+    for shard, problem in report.problems:
+        print(f"BAD {shard}: {problem}", file=sys.stderr)
+    bad = len({shard for shard, _ in report.problems})
+    print(f"verify failed: {bad} of {report.num_shards} shard(s) are bad", file=sys.stderr)
+    return 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from chute.demo import run
+
+    paths = run(args.directory, say=print)
+    print("\nartefacts:\n" + json.dumps(paths, indent=2))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``chute`` command; returns the exit code."""
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ start-up chatter out
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO, format="chute: %(message)s"
+    )
+    handler = {"convert": _convert, "inspect": _inspect, "verify": _verify, "demo": _demo}[args.command]
+    try:
+        return handler(args)
+    except ChuteError as error:
+        print(f"chute {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; run the same command again to resume", file=sys.stderr)
+        return 130
