@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
@@ -126,6 +128,28 @@ def convert(
     source, output = os.fspath(source), os.fspath(output).rstrip("/") or "/"
     _check_not_inside(source, output)
 
+    with _gc_paused():
+        return _convert(source, output, options, workers, overwrite, allow_outside, progress, started)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pauses the cyclic garbage collector: with TensorFlow loaded, each full
+    collection walks hundreds of thousands of objects, and a conversion creates
+    no reference cycles worth collecting."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _convert(
+    source: str, output: str, options: ConvertOptions, workers: int, overwrite: bool,
+    allow_outside: bool, progress: ProgressFn | None, started: float,
+) -> ConvertResult:  # fmt: skip
     state = _existing_state(source, output, options, overwrite)
     if isinstance(state, manifest_lib.Manifest):
         log.info("%s already holds this conversion; nothing to do", output)
@@ -262,9 +286,19 @@ def _pool(workers: int, num_items: int) -> concurrent.futures.Executor | None:
     if workers <= 1 or num_items <= ENCODE_CHUNK:
         return None
     # spawn, not fork: this process may have TensorFlow's threads running.
-    return concurrent.futures.ProcessPoolExecutor(
+    pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=workers, mp_context=multiprocessing.get_context("spawn")
     )
+    try:
+        pool.submit(int).result()
+    except concurrent.futures.process.BrokenProcessPool:
+        pool.shutdown()
+        log.warning(
+            "worker processes could not start, so this conversion runs in one process. A script "
+            "that calls chute.convert at top level needs an `if __name__ == '__main__':` guard"
+        )
+        return None
+    return pool
 
 
 def _ordered(
@@ -292,8 +326,13 @@ def _probe(
     found: sources.Source, options: ConvertOptions, pool, progress: ProgressFn | None
 ) -> list[encode.Probe]:
     items = found.items
+    header = (
+        options.color_mode == "auto"
+        or options.encoding == "auto"
+        or (options.image_size is None and not options.keep_size)
+    )
     tasks = (
-        ([found.payload(item) for item in items[start : start + PROBE_CHUNK]], options.max_pixels)
+        ([found.payload(item) for item in items[start : start + PROBE_CHUNK]], options.max_pixels, header)
         for start in range(0, len(items), PROBE_CHUNK)
     )
     probes: list[encode.Probe] = []
@@ -363,7 +402,8 @@ def _bytes_per_record(indices: list[int], probes: list[encode.Probe], spec: enco
             total += p.nbytes
         else:
             raw = spec.height * spec.width * spec.channels
-            total += min(raw, p.nbytes * (spec.height * spec.width) / max(1, p.height * p.width))
+            scale = (spec.height * spec.width) / (p.height * p.width) if p.height else 1.0
+            total += min(raw, p.nbytes * scale)
     return total / max(1, len(indices)) + overhead
 
 

@@ -14,6 +14,7 @@ import io
 import warnings
 from typing import Any, NamedTuple
 
+import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -23,15 +24,16 @@ from chute import records, storage
 # than letting Pillow warn or raise at its built-in one.
 Image.MAX_IMAGE_PIXELS = None
 
+cv2.setNumThreads(1)  # parallelism comes from worker processes
 _FILTERS = {
-    "nearest": Image.Resampling.NEAREST,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "area": Image.Resampling.BOX,
-    "lanczos": Image.Resampling.LANCZOS,
-    "hamming": Image.Resampling.HAMMING,
+    "nearest": cv2.INTER_NEAREST_EXACT,
+    "bilinear": cv2.INTER_LINEAR,
+    "bicubic": cv2.INTER_CUBIC,
+    "area": cv2.INTER_AREA,
+    "lanczos": cv2.INTER_LANCZOS4,
 }
 _ORIENTATION = 0x0112
+_EXIF_FORMATS = frozenset({"JPEG", "MPO", "TIFF", "WEBP"})
 _GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
 
 
@@ -88,6 +90,10 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
 
 
 def _orientation(image: Image.Image) -> int:
+    # Image.getexif() on a PNG without an eXIf chunk in its header decodes the
+    # whole image to look further; only ask where an orientation can be.
+    if image.format not in _EXIF_FORMATS and "exif" not in image.info:
+        return 1
     try:
         return int(image.getexif().get(_ORIENTATION, 1))
     except Exception:  # a broken EXIF block is not worth rejecting the image for
@@ -101,19 +107,28 @@ def _read(path: str) -> bytes:
         raise Rejected(f"cannot read file: {error.strerror or error}") from None
 
 
-def probe_chunk(payloads: list[Any], max_pixels: int) -> list[Probe]:
-    """Hashes and probes a chunk of items (paths or pixel arrays)."""
-    return [_probe(payload, max_pixels) for payload in payloads]
+def probe_chunk(payloads: list[Any], max_pixels: int, header: bool = True) -> list[Probe]:
+    """Hashes and probes a chunk of items (paths or pixel arrays).
+
+    With ``header=False`` files are only read and hashed (enough for
+    deduplication when the options leave nothing to decide from the images);
+    bad images are then caught when they are encoded.
+    """
+    return [_probe(payload, max_pixels, header) for payload in payloads]
 
 
-def _probe(payload: Any, max_pixels: int) -> Probe:
+def _probe(payload: Any, max_pixels: int, header: bool = True) -> Probe:
     if isinstance(payload, np.ndarray):
         digest = hashlib.sha256(str(payload.shape).encode() + payload.tobytes()).digest()
         gray = payload.ndim == 2
         return Probe(digest, None, gray, payload.shape[0], payload.shape[1], "ARRAY", payload.nbytes)
     try:
         data = _read(payload)
+        if not data:
+            raise Rejected("empty file (0 bytes)")
         digest = hashlib.sha256(data).digest()
+        if not header:
+            return Probe(digest, None, False, 0, 0, "", len(data))
         image = _open(data, max_pixels)
         width, height = image.size
         if _orientation(image) in (5, 6, 7, 8):
@@ -149,8 +164,16 @@ def to_channels(image: Image.Image, channels: int) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def resize(image: Image.Image, height: int, width: int, mode: str, interpolation: str) -> Image.Image:
-    """Resizes to ``(height, width)``: stretch, centre-crop or pad to the aspect ratio first."""
+def resize(image: Image.Image, height: int, width: int, mode: str, interpolation: str) -> np.ndarray:
+    """Resizes to ``(height, width)`` pixels (HxW or HxWx3 uint8).
+
+    ``crop`` first cuts the centred window of the target aspect ratio,
+    ``pad`` first pads with black to it, ``stretch`` ignores the aspect ratio
+    (Keras's ``crop_to_aspect_ratio`` and ``pad_to_aspect_ratio``). The
+    resampling is OpenCV's, which computes what ``tf.image.resize`` does
+    (no antialiasing, half-pixel centres): the images match the ones Keras's
+    own loaders would produce.
+    """
     src_w, src_h = image.size
     if mode != "stretch" and src_w * height != src_h * width:
         if (src_w * height > src_h * width) == (mode == "crop"):
@@ -165,9 +188,10 @@ def resize(image: Image.Image, height: int, width: int, mode: str, interpolation
             canvas = Image.new(image.mode, (new_w, new_h), 0)
             canvas.paste(image, ((new_w - src_w) // 2, (new_h - src_h) // 2))
             image = canvas
-    if image.size == (width, height):
-        return image
-    return image.resize((width, height), _FILTERS[interpolation])
+    pixels = np.asarray(image)
+    if pixels.shape[:2] == (height, width):
+        return pixels
+    return cv2.resize(pixels, (width, height), interpolation=_FILTERS[interpolation])
 
 
 def _load(payload: Any, spec: ImageSpec) -> tuple[Image.Image, bytes | None]:
@@ -220,18 +244,20 @@ def encode_one(key: str, label: int, payload: Any, spec: ImageSpec) -> bytes:
         mode_ok = image.mode == ("L" if spec.channels == 1 else "RGB")
         image = to_channels(image, spec.channels)
         if spec.height is not None and spec.width is not None:
-            image = resize(image, spec.height, spec.width, spec.resize, spec.interpolation)
-        width, height = image.size
+            pixels = resize(image, spec.height, spec.width, spec.resize, spec.interpolation)
+        else:
+            pixels = np.asarray(image)
+        height, width = pixels.shape[:2]
         if original is not None and mode_ok:
             data = original
         elif spec.encoding == "raw":
-            data = image.tobytes()
+            data = pixels.tobytes()
         else:
             buffer = io.BytesIO()
             if spec.encoding == "png":
-                image.save(buffer, format="PNG", compress_level=6)
+                Image.fromarray(pixels).save(buffer, format="PNG", compress_level=6)
             else:
-                image.save(buffer, format="JPEG", quality=spec.quality)
+                Image.fromarray(pixels).save(buffer, format="JPEG", quality=spec.quality)
             data = buffer.getvalue()
     except Rejected:
         raise

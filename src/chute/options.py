@@ -15,7 +15,7 @@ from typing import Any
 from chute.errors import ChuteError
 
 RESIZE_MODES = ("stretch", "crop", "pad")
-INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "area", "lanczos", "hamming")
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "area", "lanczos")
 COLOR_MODES = ("grayscale", "rgb", "auto")
 ENCODINGS = ("raw", "png", "jpeg", "auto")
 DEFAULT_SHARD_SIZE_MB = 128.0  # the TF performance guide advises 100-200 MB per file
@@ -75,7 +75,8 @@ class ConvertOptions:
         resize: ``"stretch"`` (ignore aspect ratio), ``"crop"`` (centre crop
             to the target aspect ratio, Keras's ``crop_to_aspect_ratio``) or
             ``"pad"`` (pad with black to it, Keras's ``pad_to_aspect_ratio``).
-        interpolation: Pillow resampling filter by name.
+        interpolation: resampling filter by name, computed as ``tf.image.resize``
+            does (no antialiasing); ``lanczos3``/``lanczos5`` mean ``lanczos``.
         keep_size: store every image at its own size (PNG or JPEG only).
         color_mode: ``"grayscale"``, ``"rgb"`` or ``"auto"`` (grayscale when
             every image is grayscale).

@@ -39,8 +39,8 @@ def gfile():
 def read_bytes(path: str) -> bytes:
     """Reads a whole file: builtin ``open`` for local paths, ``tf.io.gfile`` otherwise."""
     if is_local(path):
-        with open(local_path(path), "rb") as handle:
-            return handle.read()
+        with open(local_path(path), "rb", buffering=0) as handle:
+            return handle.readall()
     with gfile().GFile(path, "rb") as handle:
         return handle.read()
 

@@ -1,0 +1,33 @@
+# make demo: install into .venv (when missing) and run the demo on a built-in sample.
+# make test: install into .venv (when missing), lint, and run the whole test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN = $(VENV)/bin
+
+.PHONY: demo test lint format bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/chute demo
+
+test: $(BIN)/.installed lint
+	$(BIN)/python -m pytest
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(BIN)/.installed
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/bench_convert.py --memory --json benchmarks/results/convert.json
+
+clean:
+	rm -rf $(VENV) chute-demo .pytest_cache
