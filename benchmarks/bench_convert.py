@@ -37,8 +37,13 @@ def make_data(root: str, classes: int, per_class: int, size: int) -> str:
     marker = os.path.join(root, f".done-{classes}-{per_class}-{size}")
     if not os.path.exists(marker):
         shutil.rmtree(root, ignore_errors=True)
-        make_sample_folder(root, num_classes=classes, images_per_class=per_class,
-                           image_size=(size, size), workers=os.cpu_count() or 1)  # fmt: skip
+        make_sample_folder(
+            root,
+            num_classes=classes,
+            images_per_class=per_class,
+            image_size=(size, size),
+            workers=os.cpu_count() or 1,
+        )
         open(marker, "w").close()
     return root
 
@@ -55,10 +60,16 @@ def baseline(src: str, out: str) -> int:
             folder = os.path.join(src, name)
             for file in sorted(os.listdir(folder)):
                 image = Image.open(os.path.join(folder, file)).convert("L").resize((75, 75))
-                example = tf.train.Example(features=tf.train.Features(feature={
-                    "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
-                    "class": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                }))  # fmt: skip
+                example = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "image": tf.train.Feature(
+                                bytes_list=tf.train.BytesList(value=[image.tobytes()])
+                            ),
+                            "class": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                        }
+                    )
+                )
                 writer.write(example.SerializeToString())
                 count += 1
     return count
@@ -67,8 +78,15 @@ def baseline(src: str, out: str) -> int:
 def run_chute(src: str, out: str) -> int:
     import chute
 
-    result = chute.convert(src, out, image_size=75, color_mode="grayscale", encoding="raw",
-                           val_fraction=0.01, overwrite=True)  # fmt: skip
+    result = chute.convert(
+        src,
+        out,
+        image_size=75,
+        color_mode="grayscale",
+        encoding="raw",
+        val_fraction=0.01,
+        overwrite=True,
+    )
     return sum(result.num_written.values())
 
 
@@ -118,9 +136,11 @@ def memory(args) -> dict:
         src = make_data(os.path.join(args.data, f"mem{total}"), 200, per_class, 24)
         out = tempfile.mkdtemp(prefix="chute-mem-")
         proc = subprocess.run(
-            [sys.executable, __file__, "--_rss-child", src, out], capture_output=True, text=True,
+            [sys.executable, __file__, "--_rss-child", src, out],
+            capture_output=True,
+            text=True,
             check=True,
-        )  # fmt: skip
+        )
         shutil.rmtree(out, ignore_errors=True)
         results[total] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"{total} images: {results[total]}", flush=True)
@@ -138,7 +158,8 @@ def main() -> None:
     if args._rss_child:
         _peak_rss_child(*args._rss_child)
         return
-    figures = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
+    python = platform.python_version()
+    figures = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {python}"}
     figures["speed"] = speed(args)
     if args.memory:
         figures["peak_rss"] = memory(args)

@@ -15,8 +15,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 
-def write_image(path: Path, pixels: np.ndarray | None = None, *, size=(12, 10), mode="L",
-                seed: int = 0, fmt: str | None = None, **save) -> Path:  # fmt: skip
+def write_image(
+    path: Path,
+    pixels: np.ndarray | None = None,
+    *,
+    size=(12, 10),
+    mode="L",
+    seed: int = 0,
+    fmt: str | None = None,
+    **save,
+) -> Path:
     """Writes an image file (PNG unless the suffix says otherwise); returns its path.
 
     ``size`` is (height, width); random pixels unless ``pixels`` is given.
@@ -33,12 +41,18 @@ def write_image(path: Path, pixels: np.ndarray | None = None, *, size=(12, 10), 
     return path
 
 
-def make_folder(root: Path, classes: dict[str, int], *, size=(12, 10), mode="L", ext=".png",
-                seed: int = 0) -> Path:  # fmt: skip
+def make_folder(
+    root: Path, classes: dict[str, int], *, size=(12, 10), mode="L", ext=".png", seed: int = 0
+) -> Path:
     """``root/<class>/<i><ext>`` with distinct random images; returns ``root``."""
     for c, (name, count) in enumerate(sorted(classes.items())):
         for i in range(count):
-            write_image(root / name / f"{i:03d}{ext}", size=size, mode=mode, seed=seed * 100003 + c * 1000 + i)
+            write_image(
+                root / name / f"{i:03d}{ext}",
+                size=size,
+                mode=mode,
+                seed=seed * 100003 + c * 1000 + i,
+            )
     return root
 
 
@@ -59,12 +73,17 @@ def shared_dataset(tmp_path_factory) -> Path:
     return root / "out"
 
 
-def run_cli(*args: str, cwd: str | Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: str | Path | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """Runs ``python -m chute ARGS`` in a fresh process (exit codes, stderr, no traceback)."""
     return subprocess.run(
-        [sys.executable, "-m", "chute", *map(str, args)], capture_output=True, text=True,
-        cwd=cwd, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, "-m", "chute", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -82,12 +101,16 @@ def read_records(path: str | Path) -> list[dict]:
     out = []
     for raw in tf.data.TFRecordDataset(str(path)):
         example = tf.io.parse_single_example(raw, features)
-        out.append({
-            "image": example["image"].numpy(), "class": int(example["class"]),
-            "size": tuple(int(v) for v in example["size"].numpy()),
-            "channels": int(example["channels"]), "encoding": example["encoding"].numpy().decode(),
-            "key": example["key"].numpy().decode(),
-        })  # fmt: skip
+        out.append(
+            {
+                "image": example["image"].numpy(),
+                "class": int(example["class"]),
+                "size": tuple(int(v) for v in example["size"].numpy()),
+                "channels": int(example["channels"]),
+                "encoding": example["encoding"].numpy().decode(),
+                "key": example["key"].numpy().decode(),
+            }
+        )
     return out
 
 

@@ -32,13 +32,25 @@ _EXPORTS = {
     "VerifyReport": "chute.verification",
     "make_sample_folder": "chute.samples",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ChuteError",
+    "ConvertOptions",
+    "ConvertResult",
+    "Manifest",
+    "VerifyReport",
+    "convert",
+    "inspect",
+    "load_manifest",
+    "make_sample_folder",
+    "verify",
+]
 
 if TYPE_CHECKING:
     from chute.conversion import ConvertResult, convert
     from chute.describe import describe as inspect
     from chute.errors import ChuteError
-    from chute.manifest import Manifest, load as load_manifest
+    from chute.manifest import Manifest
+    from chute.manifest import load as load_manifest
     from chute.options import ConvertOptions
     from chute.samples import make_sample_folder
     from chute.verification import VerifyReport, verify

@@ -34,18 +34,26 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     convert = commands.add_parser(
-        "convert", help="convert an image dataset into TFRecord shards with a manifest",
+        "convert",
+        help="convert an image dataset into TFRecord shards with a manifest",
         description="Convert a class-per-folder tree, a pre-split tree, a CSV/JSONL list, "
         "a .npz file or keras:cifar10|cifar100|mnist|fashion_mnist into sharded TFRecords.",
-    )  # fmt: skip
+    )
     convert.add_argument("source", metavar="SRC")
     convert.add_argument("output", metavar="OUT")
-    convert.add_argument("--image-size", metavar="H[xW]", help="resize to H x W (default: keep a common size)")
-    convert.add_argument("--resize", choices=RESIZE_MODES, default="stretch",
-                         help="how to reach --image-size's aspect ratio (default: stretch)")
+    convert.add_argument(
+        "--image-size", metavar="H[xW]", help="resize to H x W (default: keep a common size)"
+    )
+    convert.add_argument(
+        "--resize",
+        choices=RESIZE_MODES,
+        default="stretch",
+        help="how to reach --image-size's aspect ratio (default: stretch)",
+    )
     convert.add_argument("--interpolation", choices=INTERPOLATIONS, default="bilinear")
-    convert.add_argument("--keep-size", action="store_true",
-                         help="store every image at its own size (png or jpeg)")
+    convert.add_argument(
+        "--keep-size", action="store_true", help="store every image at its own size (png or jpeg)"
+    )
     convert.add_argument("--color-mode", choices=COLOR_MODES, default="auto")
     convert.add_argument("--encoding", choices=ENCODINGS, default="auto")
     convert.add_argument("--quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
@@ -53,17 +61,35 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--test-fraction", type=float, default=0.0)
     convert.add_argument("--seed", type=int, default=1337)
     convert.add_argument("--shard-size-mb", type=float, default=128.0)
-    convert.add_argument("--min-shards", type=int, default=None,
-                         help="minimum shards per split (default 16 when each gets >= 64 images)")
-    convert.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
-                         help="reject larger images (decompression bombs)")
+    convert.add_argument(
+        "--min-shards",
+        type=int,
+        default=None,
+        help="minimum shards per split (default 16 when each gets >= 64 images)",
+    )
+    convert.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        help="reject larger images (decompression bombs)",
+    )
     convert.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
-    convert.add_argument("--overwrite", action="store_true",
-                         help="replace an existing conversion made with other options")
-    convert.add_argument("--allow-outside", action="store_true",
-                         help="let a CSV/JSONL list name files outside its folder")
-    convert.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                         help="progress bars (default: when stderr is a terminal)")  # fmt: skip
+    convert.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing conversion made with other options",
+    )
+    convert.add_argument(
+        "--allow-outside",
+        action="store_true",
+        help="let a CSV/JSONL list name files outside its folder",
+    )
+    convert.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars (default: when stderr is a terminal)",
+    )
 
     inspect = commands.add_parser("inspect", help="summarise a converted dataset")
     inspect.add_argument("path", metavar="OUT")
@@ -71,13 +97,21 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--split", default="train", help="split for --grid (default train)")
     inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
-    verify = commands.add_parser("verify", help="re-read every shard and check it against the manifest")
+    verify = commands.add_parser(
+        "verify", help="re-read every shard and check it against the manifest"
+    )
     verify.add_argument("path", metavar="OUT")
     verify.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
     demo = commands.add_parser("demo", help="run the whole job on a built-in sample (no download)")
-    demo.add_argument("directory", nargs="?", default="chute-demo",
-                      help="where to put the demo's files (default ./chute-demo)")  # fmt: skip
+    demo.add_argument(
+        "directory",
+        nargs="?",
+        default="chute-demo",
+        help="where to put the demo's files (default ./chute-demo)",
+    )
+    demo.add_argument("--classes", type=int, default=24, help="glyph classes (default 24)")
+    demo.add_argument("--per-class", type=int, default=60, help="images per class (default 60)")
     return parser
 
 
@@ -113,32 +147,50 @@ def _convert(args: argparse.Namespace) -> int:
     bars = _Bars(_progress_enabled(args.progress))
     try:
         result = convert(
-            args.source, args.output, workers=args.workers, overwrite=args.overwrite,
-            allow_outside=args.allow_outside, progress=bars,
-            image_size=args.image_size, resize=args.resize, interpolation=args.interpolation,
-            keep_size=args.keep_size, color_mode=args.color_mode, encoding=args.encoding,
-            quality=args.quality, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-            seed=args.seed, shard_size_mb=args.shard_size_mb, min_shards=args.min_shards,
+            args.source,
+            args.output,
+            workers=args.workers,
+            overwrite=args.overwrite,
+            allow_outside=args.allow_outside,
+            progress=bars,
+            image_size=args.image_size,
+            resize=args.resize,
+            interpolation=args.interpolation,
+            keep_size=args.keep_size,
+            color_mode=args.color_mode,
+            encoding=args.encoding,
+            quality=args.quality,
+            val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction,
+            seed=args.seed,
+            shard_size_mb=args.shard_size_mb,
+            min_shards=args.min_shards,
             max_pixels=args.max_pixels,
-        )  # fmt: skip
+        )
     finally:
         bars.close()
     manifest = result.manifest
     if result.already_done:
-        print(f"{args.output} already holds this conversion (same source and options): nothing to do.")
+        print(
+            f"{args.output} already holds this conversion (same source and options): nothing to do."
+        )
         return 0
     total = sum(result.num_written.values())
     rate = total / result.seconds if result.seconds else 0.0
     spec = manifest.image
     size = f"{spec['height']}x{spec['width']}" if spec["height"] else "original-size"
-    print(f"converted {args.source} -> {args.output} in {result.seconds:.1f} s ({rate:,.0f} images/s)")
+    print(
+        f"converted {args.source} -> {args.output} in {result.seconds:.1f} s ({rate:,.0f} images/s)"
+    )
     print(f"  {manifest.num_classes} classes, {size} x{spec['channels']} {spec['encoding']}")
     for name, split in manifest.splits.items():
         print(f"  {name:<5} {split['num_examples']:>8} images in {len(split['shards'])} shard(s)")
     if result.resumed_shards:
         print(f"  resumed: {result.resumed_shards} shard(s) kept from the interrupted run")
-    print(f"  rejected {result.num_rejected} input(s) (listed in {args.output}/rejects.csv); "
-          f"{len(manifest.duplicates)} duplicate group(s)")  # fmt: skip
+    print(
+        f"  rejected {result.num_rejected} input(s) (listed in {args.output}/rejects.csv); "
+        f"{len(manifest.duplicates)} duplicate group(s)"
+    )
     return 0
 
 
@@ -167,7 +219,10 @@ def _verify(args: argparse.Namespace) -> int:
     finally:
         bars.close()
     if report.ok:
-        print(f"ok: {report.num_shards} shards, {report.num_records} records match {args.path}/manifest.json")
+        print(
+            f"ok: {report.num_shards} shards, {report.num_records} records match the manifest "
+            f"of {args.path}"
+        )
         return 0
     for shard, problem in report.problems:
         print(f"BAD {shard}: {problem}", file=sys.stderr)
@@ -179,7 +234,9 @@ def _verify(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from chute.demo import run
 
-    paths = run(args.directory, say=print)
+    paths = run(
+        args.directory, num_classes=args.classes, images_per_class=args.per_class, say=print
+    )
     print("\nartefacts:\n" + json.dumps(paths, indent=2))
     return 0
 
@@ -191,7 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO, format="chute: %(message)s"
     )
-    handler = {"convert": _convert, "inspect": _inspect, "verify": _verify, "demo": _demo}[args.command]
+    handler = {"convert": _convert, "inspect": _inspect, "verify": _verify, "demo": _demo}[
+        args.command
+    ]
     try:
         return handler(args)
     except ChuteError as error:

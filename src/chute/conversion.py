@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from chute import encode, manifest as manifest_lib, shards, sources, storage
+from chute import encode, shards, sources, storage
+from chute import manifest as manifest_lib
 from chute.errors import ChuteError
 from chute.options import ConvertOptions, bad_value
 from chute.split import split_items
@@ -120,16 +121,16 @@ def convert(
         fields = {f.name for f in dataclasses.fields(ConvertOptions)}
         unknown = sorted(set(option_values) - fields)
         if unknown:
-            raise ChuteError(
-                f"Unknown option(s) {unknown}. Allowed: {sorted(fields)}"
-            )
+            raise ChuteError(f"Unknown option(s) {unknown}. Allowed: {sorted(fields)}")
         options = ConvertOptions(**option_values)
     workers = _check_workers(workers)
     source, output = os.fspath(source), os.fspath(output).rstrip("/") or "/"
     _check_not_inside(source, output)
 
     with _gc_paused():
-        return _convert(source, output, options, workers, overwrite, allow_outside, progress, started)
+        return _convert(
+            source, output, options, workers, overwrite, allow_outside, progress, started
+        )
 
 
 @contextlib.contextmanager
@@ -147,9 +148,15 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _convert(
-    source: str, output: str, options: ConvertOptions, workers: int, overwrite: bool,
-    allow_outside: bool, progress: ProgressFn | None, started: float,
-) -> ConvertResult:  # fmt: skip
+    source: str,
+    output: str,
+    options: ConvertOptions,
+    workers: int,
+    overwrite: bool,
+    allow_outside: bool,
+    progress: ProgressFn | None,
+    started: float,
+) -> ConvertResult:
     state = _existing_state(source, output, options, overwrite)
     if isinstance(state, manifest_lib.Manifest):
         log.info("%s already holds this conversion; nothing to do", output)
@@ -159,8 +166,11 @@ def _convert(
     found = sources.scan(source, allow_outside=allow_outside)
     log.info(
         "%s: %d images in %d classes (%s)",
-        source, len(found.items), len(found.class_names), found.kind,
-    )  # fmt: skip
+        source,
+        len(found.items),
+        len(found.class_names),
+        found.kind,
+    )
     pool = _pool(workers, len(found.items))
     try:
         probes = _probe(found, options, pool, progress)
@@ -171,10 +181,13 @@ def _convert(
         ]
         spec = _resolve_spec(options, probes)
         split = split_items(
-            found.items, [p.digest for p in probes], found.class_names,
-            val_fraction=options.val_fraction, test_fraction=options.test_fraction,
+            found.items,
+            [p.digest for p in probes],
+            found.class_names,
+            val_fraction=options.val_fraction,
+            test_fraction=options.test_fraction,
             seed=options.seed,
-        )  # fmt: skip
+        )
         plan = _plan(split.indices, probes, spec, options)
         fingerprint = _fingerprint(found, probes)
         resumed, infos, late_rejects = _write_shards(
@@ -195,7 +208,12 @@ def _convert(
 
 def _check_workers(workers: int | None) -> int:
     if workers is None:
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+        return max(
+            1,
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1),
+        )
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1024:
         raise bad_value("workers", workers, "an integer from 1 to 1024")
     return workers
@@ -243,8 +261,8 @@ def _existing_state(
             return None  # resume
     elif fs.listdir(output) and not overwrite:
         raise ChuteError(
-            f"`output` is a non-empty folder that chute did not write. Received: output={output!r}; "
-            "choose an empty or new folder"
+            "`output` is a non-empty folder that chute did not write. "
+            f"Received: output={output!r}; choose an empty or new folder"
         )
     if previous is not None and previous != wanted and not overwrite:
         changed = [
@@ -332,7 +350,11 @@ def _probe(
         or (options.image_size is None and not options.keep_size)
     )
     tasks = (
-        ([found.payload(item) for item in items[start : start + PROBE_CHUNK]], options.max_pixels, header)
+        (
+            [found.payload(item) for item in items[start : start + PROBE_CHUNK]],
+            options.max_pixels,
+            header,
+        )
         for start in range(0, len(items), PROBE_CHUNK)
     )
     probes: list[encode.Probe] = []
@@ -381,16 +403,25 @@ def _resolve_spec(options: ConvertOptions, probes: list[encode.Probe]) -> encode
             encoding = "jpeg" if jpeg_share >= 0.5 else "png"
     log.info(
         "storing %s images as %s, %s channel(s)",
-        f"{height}x{width}" if height else "original-size", encoding, channels,
-    )  # fmt: skip
+        f"{height}x{width}" if height else "original-size",
+        encoding,
+        channels,
+    )
     return encode.ImageSpec(
-        height=height, width=width, channels=channels, encoding=encoding,
-        quality=options.quality, resize=options.resize, interpolation=options.interpolation,
+        height=height,
+        width=width,
+        channels=channels,
+        encoding=encoding,
+        quality=options.quality,
+        resize=options.resize,
+        interpolation=options.interpolation,
         max_pixels=options.max_pixels,
-    )  # fmt: skip
+    )
 
 
-def _bytes_per_record(indices: list[int], probes: list[encode.Probe], spec: encode.ImageSpec) -> float:
+def _bytes_per_record(
+    indices: list[int], probes: list[encode.Probe], spec: encode.ImageSpec
+) -> float:
     overhead = 128  # framing, feature names, size, key
     if spec.height is not None and spec.encoding == "raw":
         return spec.height * spec.width * spec.channels + overhead
@@ -420,9 +451,11 @@ def _plan(
     planned = []
     for split, indices in splits.items():
         runs = shards.plan(
-            len(indices), _bytes_per_record(indices, probes, spec),
-            shard_size_mb=options.shard_size_mb, min_shards=options.min_shards,
-        )  # fmt: skip
+            len(indices),
+            _bytes_per_record(indices, probes, spec),
+            shard_size_mb=options.shard_size_mb,
+            min_shards=options.min_shards,
+        )
         for number, (start, stop) in enumerate(runs):
             planned.append(
                 _Shard(split, shards.shard_name(split, number, len(runs)), indices[start:stop])
@@ -442,9 +475,15 @@ def _fingerprint(found: sources.Source, probes: list[encode.Probe]) -> str:
 
 
 def _write_shards(
-    found: sources.Source, plan: list[_Shard], spec: encode.ImageSpec, output: str,
-    options: ConvertOptions, fingerprint: str, pool, progress: ProgressFn | None,
-) -> tuple[int, dict[str, dict], list[dict]]:  # fmt: skip
+    found: sources.Source,
+    plan: list[_Shard],
+    spec: encode.ImageSpec,
+    output: str,
+    options: ConvertOptions,
+    fingerprint: str,
+    pool,
+    progress: ProgressFn | None,
+) -> tuple[int, dict[str, dict], list[dict]]:
     fs = storage.gfile()
     work = storage.join(output, WORK_DIR)
     fs.makedirs(work)
@@ -452,8 +491,13 @@ def _write_shards(
         json.dumps([[s.name, [found.items[i].key for i in s.indices]] for s in plan]).encode()
     ).hexdigest()
     plan_file = storage.join(work, "plan.json")
-    stamp = {"source": found.location, "options": options.to_dict(), "fingerprint": fingerprint,
-             "layout": layout, "spec": dataclasses.asdict(spec)}  # fmt: skip
+    stamp = {
+        "source": found.location,
+        "options": options.to_dict(),
+        "fingerprint": fingerprint,
+        "layout": layout,
+        "spec": dataclasses.asdict(spec),
+    }
     if fs.exists(plan_file):
         with fs.GFile(plan_file, "rb") as handle:
             if json.loads(handle.read()) != stamp:
@@ -475,11 +519,16 @@ def _write_shards(
     total = sum(len(s.indices) for s in plan)
     finished = sum(len(s.indices) for s in plan if s.name in infos)
     tasks = (
-        ([(found.items[i].key, found.items[i].label, found.payload(found.items[i]))
-          for i in shard.indices[start : start + ENCODE_CHUNK]], spec)
+        (
+            [
+                (found.items[i].key, found.items[i].label, found.payload(found.items[i]))
+                for i in shard.indices[start : start + ENCODE_CHUNK]
+            ],
+            spec,
+        )
         for shard in todo
         for start in range(0, len(shard.indices), ENCODE_CHUNK)
-    )  # fmt: skip
+    )
     results = _ordered(pool, encode.encode_chunk, tasks, _window(pool))
     for shard in todo:
         shard_rejects: list[dict] = []
@@ -513,10 +562,15 @@ def _load_done(output: str, name: str) -> dict | None:
 
 
 def _finish(
-    found: sources.Source, spec: encode.ImageSpec, options: ConvertOptions,
-    infos: dict[str, dict], rejects: list[dict], duplicates: list[dict],
-    fingerprint: str, output: str,
-) -> manifest_lib.Manifest:  # fmt: skip
+    found: sources.Source,
+    spec: encode.ImageSpec,
+    options: ConvertOptions,
+    infos: dict[str, dict],
+    rejects: list[dict],
+    duplicates: list[dict],
+    fingerprint: str,
+    output: str,
+) -> manifest_lib.Manifest:
     from chute import __version__
 
     splits: dict[str, dict] = {}
@@ -526,12 +580,15 @@ def _finish(
             {"num_examples": 0, "class_counts": [0] * len(found.class_names), "shards": []},
         )
         split["num_examples"] += info["num_records"]
-        split["class_counts"] = [a + b for a, b in zip(split["class_counts"], info["class_counts"], strict=True)]
+        split["class_counts"] = [
+            a + b for a, b in zip(split["class_counts"], info["class_counts"], strict=True)
+        ]
         split["shards"].append(info)
     empty = [
-        name for name, count in zip(found.class_names, splits["train"]["class_counts"], strict=True)
+        name
+        for name, count in zip(found.class_names, splits["train"]["class_counts"], strict=True)
         if count == 0
-    ]  # fmt: skip
+    ]
     if empty:
         _remove_outputs(output)
         raise ChuteError(
@@ -541,12 +598,20 @@ def _finish(
     rejects = sorted(rejects, key=lambda r: r["key"])
     manifest = manifest_lib.Manifest(
         class_names=found.class_names,
-        image={"height": spec.height, "width": spec.width, "channels": spec.channels,
-               "encoding": spec.encoding},  # fmt: skip
+        image={
+            "height": spec.height,
+            "width": spec.width,
+            "channels": spec.channels,
+            "encoding": spec.encoding,
+        },
         splits=splits,
         options=options.to_dict(),
-        source={"location": found.location, "kind": found.kind, "fingerprint": fingerprint,
-                "num_items": len(found.items)},  # fmt: skip
+        source={
+            "location": found.location,
+            "kind": found.kind,
+            "fingerprint": fingerprint,
+            "num_items": len(found.items),
+        },
         rejects=rejects,
         duplicates=duplicates,
         created_by=f"chute {__version__}",
@@ -558,11 +623,15 @@ def _finish(
     _remove_work_dir(output)
     log.info(
         "wrote %s: %s; %d rejected, %d duplicate groups",
-        output, ", ".join(f"{k} {v['num_examples']}" for k, v in splits.items()),
-        len(rejects), len(duplicates),
-    )  # fmt: skip
+        output,
+        ", ".join(f"{k} {v['num_examples']}" for k, v in splits.items()),
+        len(rejects),
+        len(duplicates),
+    )
     return manifest
 
 
 def _csv_row(*cells: str) -> str:
-    return ",".join('"' + c.replace('"', '""') + '"' if any(x in c for x in ',"\n') else c for c in cells)
+    return ",".join(
+        '"' + c.replace('"', '""') + '"' if any(x in c for x in ',"\n') else c for c in cells
+    )

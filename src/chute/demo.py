@@ -33,9 +33,12 @@ def run(
     if not os.path.isdir(images):
         say(f"1/4 drawing {num_classes} classes x {images_per_class} glyph images into {images}")
         samples.make_sample_folder(
-            images, num_classes=num_classes, images_per_class=images_per_class,
-            image_size=(40, 40), workers=min(4, os.cpu_count() or 1),
-        )  # fmt: skip
+            images,
+            num_classes=num_classes,
+            images_per_class=images_per_class,
+            image_size=(40, 40),
+            workers=min(4, os.cpu_count() or 1),
+        )
     else:
         say(f"1/4 using the sample images already in {images}")
     say(f"2/4 converting to {shards} (32x32 grayscale, 10% validation)")
@@ -43,7 +46,8 @@ def run(
         images, shards, image_size=32, color_mode="grayscale", val_fraction=0.1, overwrite=True
     )
     say(
-        "    " + ", ".join(f"{k}: {v} images" for k, v in result.num_written.items())
+        "    "
+        + ", ".join(f"{k}: {v} images" for k, v in result.num_written.items())
         + f" in {result.seconds:.1f} s"
     )
     say("3/4 inspecting")

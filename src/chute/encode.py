@@ -121,7 +121,9 @@ def _probe(payload: Any, max_pixels: int, header: bool = True) -> Probe:
     if isinstance(payload, np.ndarray):
         digest = hashlib.sha256(str(payload.shape).encode() + payload.tobytes()).digest()
         gray = payload.ndim == 2
-        return Probe(digest, None, gray, payload.shape[0], payload.shape[1], "ARRAY", payload.nbytes)
+        return Probe(
+            digest, None, gray, payload.shape[0], payload.shape[1], "ARRAY", payload.nbytes
+        )
     try:
         data = _read(payload)
         if not data:
@@ -133,9 +135,7 @@ def _probe(payload: Any, max_pixels: int, header: bool = True) -> Probe:
         width, height = image.size
         if _orientation(image) in (5, 6, 7, 8):
             width, height = height, width
-        gray = image.mode in _GRAY_MODES or (
-            image.mode == "P" and _palette_is_gray(image)
-        )
+        gray = image.mode in _GRAY_MODES or (image.mode == "P" and _palette_is_gray(image))
         return Probe(digest, None, gray, height, width, image.format or "?", len(data))
     except Rejected as reason:
         return Probe(None, str(reason), False, 0, 0, "", 0)
@@ -164,7 +164,9 @@ def to_channels(image: Image.Image, channels: int) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def resize(image: Image.Image, height: int, width: int, mode: str, interpolation: str) -> np.ndarray:
+def resize(
+    image: Image.Image, height: int, width: int, mode: str, interpolation: str
+) -> np.ndarray:
     """Resizes to ``(height, width)`` pixels (HxW or HxWx3 uint8).
 
     ``crop`` first cuts the centred window of the target aspect ratio,
@@ -264,6 +266,11 @@ def encode_one(key: str, label: int, payload: Any, spec: ImageSpec) -> bytes:
     except (OSError, ValueError, SyntaxError, MemoryError) as error:
         raise Rejected(f"cannot convert image: {error}") from None
     return records.image_example(
-        image=data, label=label, height=height, width=width, channels=spec.channels,
-        encoding=spec.encoding, key=key,
-    )  # fmt: skip
+        image=data,
+        label=label,
+        height=height,
+        width=width,
+        channels=spec.channels,
+        encoding=spec.encoding,
+        key=key,
+    )

@@ -116,7 +116,9 @@ class ConvertOptions:
         interpolation = self.interpolation
         if interpolation in ("lanczos3", "lanczos5"):
             interpolation = "lanczos"
-        object.__setattr__(self, "interpolation", one_of("interpolation", interpolation, INTERPOLATIONS))
+        object.__setattr__(
+            self, "interpolation", one_of("interpolation", interpolation, INTERPOLATIONS)
+        )
         one_of("color_mode", self.color_mode, COLOR_MODES)
         one_of("encoding", self.encoding, ENCODINGS)
         _check_int("quality", self.quality, 1, 100)
@@ -149,7 +151,8 @@ class ConvertOptions:
             if self.image_size is not None:
                 raise ChuteError(
                     "`keep_size` and `image_size` exclude each other: keep_size stores every "
-                    f"image at its own size. Received: keep_size=True, image_size={self.image_size!r}"
+                    "image at its own size. "
+                    f"Received: keep_size=True, image_size={self.image_size!r}"
                 )
             if self.encoding == "raw":
                 raise bad_value(

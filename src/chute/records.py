@@ -92,8 +92,11 @@ def _masked_crc(data: bytes) -> int:
 def frame(record: bytes) -> bytes:
     """Wraps one serialised record in TFRecord framing (length, CRCs)."""
     length = struct.pack("<Q", len(record))
-    return length + struct.pack("<I", _masked_crc(length)) + record + struct.pack(
-        "<I", _masked_crc(record)
+    return (
+        length
+        + struct.pack("<I", _masked_crc(length))
+        + record
+        + struct.pack("<I", _masked_crc(record))
     )
 
 
@@ -112,9 +115,16 @@ def _bytes_entry_head(name: str, size: int) -> bytes:
     name_field = _field(1, name.encode())
     body_len = len(name_field) + 1 + len(_varint(feature_len)) + feature_len
     return (
-        b"\x0a" + _varint(body_len) + name_field + b"\x12" + _varint(feature_len)
-        + b"\x0a" + _varint(list_len) + b"\x0a" + _varint(size)
-    )  # fmt: skip
+        b"\x0a"
+        + _varint(body_len)
+        + name_field
+        + b"\x12"
+        + _varint(feature_len)
+        + b"\x0a"
+        + _varint(list_len)
+        + b"\x0a"
+        + _varint(size)
+    )
 
 
 def image_example(

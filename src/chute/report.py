@@ -18,15 +18,21 @@ from functools import cache
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from chute import manifest as manifest_lib, records, storage
+from chute import manifest as manifest_lib
+from chute import records, storage
 from chute.errors import ChuteError
 
 log = logging.getLogger(__name__)
 
 _FONT_DIRS = (
-    "/usr/share/fonts", "/usr/local/share/fonts", "~/.fonts", "~/.local/share/fonts",
-    "/Library/Fonts", "/System/Library/Fonts", "C:/Windows/Fonts",
-)  # fmt: skip
+    "/usr/share/fonts",
+    "/usr/local/share/fonts",
+    "~/.fonts",
+    "~/.local/share/fonts",
+    "/Library/Fonts",
+    "/System/Library/Fonts",
+    "C:/Windows/Fonts",
+)
 _MISSING = "\U0010fffd"  # a private-use code point no font draws: its mask is .notdef's
 _CAPTION_SIZE = 14
 
@@ -36,7 +42,9 @@ def _system_fonts() -> tuple[str, ...]:
     found: list[str] = []
     for folder in _FONT_DIRS:
         for ext in ("ttf", "otf", "ttc"):
-            found += glob.glob(os.path.join(os.path.expanduser(folder), "**", f"*.{ext}"), recursive=True)
+            found += glob.glob(
+                os.path.join(os.path.expanduser(folder), "**", f"*.{ext}"), recursive=True
+            )
     return tuple(sorted(found))
 
 
@@ -97,7 +105,9 @@ def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], pe
                 if manifest.image["encoding"] == "raw":
                     h, w = example[records.SIZE].numpy()
                     pixels = np.frombuffer(data, np.uint8).reshape(h, w, channels)
-                    wanted[label].append(Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels))
+                    wanted[label].append(
+                        Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels)
+                    )
                 else:
                     wanted[label].append(Image.open(io.BytesIO(data)).convert("RGB"))
             if all(len(v) >= per_class for v in wanted.values()):
@@ -106,9 +116,14 @@ def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], pe
 
 
 def draw_grid(
-    path: str | os.PathLike, out_png: str | os.PathLike, *, split: str = "train",
-    per_class: int = 8, max_classes: int = 24, cell: int = 64,
-) -> str:  # fmt: skip
+    path: str | os.PathLike,
+    out_png: str | os.PathLike,
+    *,
+    split: str = "train",
+    per_class: int = 8,
+    max_classes: int = 24,
+    cell: int = 64,
+) -> str:
     """Draws ``per_class`` sample images for up to ``max_classes`` classes, one row each.
 
     With more classes than ``max_classes``, rows are spread evenly over the labels.
@@ -122,16 +137,22 @@ def draw_grid(
     """
     manifest = manifest_lib.load(path)
     if split not in manifest.splits:
-        raise ChuteError(f"`split` must be one of {sorted(manifest.splits)}. Received: split={split!r}")
+        raise ChuteError(
+            f"`split` must be one of {sorted(manifest.splits)}. Received: split={split!r}"
+        )
     for name, value in (("per_class", per_class), ("max_classes", max_classes), ("cell", cell)):
         if not isinstance(value, int) or value < 1:
             raise ChuteError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
     count = min(max_classes, manifest.num_classes)
-    classes = sorted({round(i * (manifest.num_classes - 1) / max(1, count - 1)) for i in range(count)})
+    classes = sorted(
+        {round(i * (manifest.num_classes - 1) / max(1, count - 1)) for i in range(count)}
+    )
     samples = _samples(manifest, split, classes, per_class)
     captions = [caption(label, manifest.class_names[label]) for label in classes]
     text_width = max(int(font.getlength(text)) for text, font in captions) + 12
-    grid = Image.new("RGB", (text_width + per_class * (cell + 2), len(classes) * (cell + 2)), "white")
+    grid = Image.new(
+        "RGB", (text_width + per_class * (cell + 2), len(classes) * (cell + 2)), "white"
+    )
     draw = ImageDraw.Draw(grid)
     for row, label in enumerate(classes):
         top = row * (cell + 2)
@@ -140,8 +161,10 @@ def draw_grid(
         for column, image in enumerate(samples[label]):
             image = image.convert("RGB")
             scale = cell / max(image.size)
-            image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
-                                 Image.Resampling.NEAREST)  # fmt: skip
+            image = image.resize(
+                (max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                Image.Resampling.NEAREST,
+            )
             grid.paste(image, (text_width + column * (cell + 2), top))
     out_png = os.fspath(out_png)
     buffer = io.BytesIO()

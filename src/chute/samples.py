@@ -34,20 +34,32 @@ def class_text(index: int) -> str:
     return _ALPHABET[index // len(_ALPHABET) % len(_ALPHABET)] + _ALPHABET[index % len(_ALPHABET)]
 
 
-def render_glyph(text: str, size: tuple[int, int], rng: np.random.Generator, *, rgb: bool = False,
-                 noise: float = 0.25) -> Image.Image:  # fmt: skip
+def render_glyph(
+    text: str,
+    size: tuple[int, int],
+    rng: np.random.Generator,
+    *,
+    rgb: bool = False,
+    noise: float = 0.25,
+) -> Image.Image:
     """Draws ``text`` at a random angle, offset and scale, with Gaussian noise."""
     height, width = size
     canvas = 2 * max(height, width)
-    font = ImageFont.load_default(size=int(canvas * rng.uniform(0.35, 0.5) / max(1, len(text)) ** 0.5))
+    font = ImageFont.load_default(
+        size=int(canvas * rng.uniform(0.35, 0.5) / max(1, len(text)) ** 0.5)
+    )
     image = Image.new("L", (canvas, canvas), 0)
     ImageDraw.Draw(image).text((canvas / 2, canvas / 2), text, fill=255, font=font, anchor="mm")
     image = image.rotate(rng.uniform(-20, 20), resample=Image.Resampling.BILINEAR)
-    box_w, box_h = 0.8 * canvas * width / max(height, width), 0.8 * canvas * height / max(height, width)
+    box_w, box_h = (
+        0.8 * canvas * width / max(height, width),
+        0.8 * canvas * height / max(height, width),
+    )
     left = (canvas - box_w) / 2 + rng.uniform(-0.1, 0.1) * canvas
     top = (canvas - box_h) / 2 + rng.uniform(-0.1, 0.1) * canvas
-    image = image.resize((width, height), Image.Resampling.BILINEAR,
-                         box=(left, top, left + box_w, top + box_h))  # fmt: skip
+    image = image.resize(
+        (width, height), Image.Resampling.BILINEAR, box=(left, top, left + box_w, top + box_h)
+    )
     pixels = np.asarray(image, dtype=np.float32)
     if rgb:
         tint = rng.uniform(0.4, 1.0, size=3)
@@ -81,18 +93,36 @@ def make_sample_folder(
     """Writes ``path/<class>/<n>.<image_format>`` glyph images; returns the class names.
 
     Example:
-        >>> names = make_sample_folder("/tmp/glyphs", num_classes=3, images_per_class=2)  # doctest: +SKIP
+        >>> make_sample_folder("/tmp/glyphs", num_classes=3)  # doctest: +SKIP
         >>> names  # doctest: +SKIP
         ['A', 'B', 'C']
     """
     if not 1 <= num_classes <= len(_ALPHABET) * (len(_ALPHABET) + 1):
-        raise ChuteError(f"`num_classes` must be from 1 to 1332. Received: num_classes={num_classes}")
+        raise ChuteError(
+            f"`num_classes` must be from 1 to 1332. Received: num_classes={num_classes}"
+        )
     if color_mode not in ("grayscale", "rgb"):
-        raise ChuteError(f"`color_mode` must be 'grayscale' or 'rgb'. Received: color_mode={color_mode!r}")
-    names = [class_text(i) if num_classes <= len(_ALPHABET) else f"c{i:04d}_{class_text(i)}"
-             for i in range(num_classes)]  # fmt: skip
-    jobs = [(os.fspath(path), i, name, images_per_class, tuple(image_size), color_mode == "rgb",
-             noise, seed, image_format) for i, name in enumerate(names)]  # fmt: skip
+        raise ChuteError(
+            f"`color_mode` must be 'grayscale' or 'rgb'. Received: color_mode={color_mode!r}"
+        )
+    names = [
+        class_text(i) if num_classes <= len(_ALPHABET) else f"c{i:04d}_{class_text(i)}"
+        for i in range(num_classes)
+    ]
+    jobs = [
+        (
+            os.fspath(path),
+            i,
+            name,
+            images_per_class,
+            tuple(image_size),
+            color_mode == "rgb",
+            noise,
+            seed,
+            image_format,
+        )
+        for i, name in enumerate(names)
+    ]
     if workers <= 1:
         for job in jobs:
             _write_class(job)

@@ -9,6 +9,7 @@ byte-identical to an uninterrupted one.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import re
 from typing import Any
@@ -30,9 +31,13 @@ def shard_name(split: str, index: int, count: int) -> str:
 
 
 def plan(
-    num_items: int, bytes_per_item: float, *, shard_size_mb: float, min_shards: int | None,
+    num_items: int,
+    bytes_per_item: float,
+    *,
+    shard_size_mb: float,
+    min_shards: int | None,
     default_min_shards: int = 16,
-) -> list[tuple[int, int]]:  # fmt: skip
+) -> list[tuple[int, int]]:
     """Cuts ``num_items`` records into ``[start, stop)`` runs, one per shard.
 
     The count is the larger of what the size bound needs and the minimum: an
@@ -44,7 +49,7 @@ def plan(
         min_shards = min(default_min_shards, num_items // MIN_RECORDS_PER_SHARD)
     count = max(1, min(num_items, max(by_size, min_shards)))
     bounds = [num_items * i // count for i in range(count + 1)]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 class ShardWriter:

@@ -32,34 +32,49 @@ from chute.errors import ChuteError
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
-)
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 SPLITS = ("train", "val", "test")
 _SPLIT_ALIASES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
 
 KERAS_CLASS_NAMES = {
     "mnist": [str(i) for i in range(10)],
     "fashion_mnist": [
-        "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-        "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
     ],
     "cifar10": [
-        "airplane", "automobile", "bird", "cat", "deer",
-        "dog", "frog", "horse", "ship", "truck",
+        "airplane",
+        "automobile",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
     ],
-    "cifar100": (
-        "apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge "
-        "bus butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud "
-        "cockroach couch crab crocodile cup dinosaur dolphin elephant flatfish forest fox "
-        "girl hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard lobster man "
-        "maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter palm_tree "
-        "pear pickup_truck pine_tree plain plate poppy porcupine possum rabbit raccoon ray "
-        "road rocket rose sea seal shark shrew skunk skyscraper snail snake spider squirrel "
-        "streetcar sunflower sweet_pepper table tank telephone television tiger tractor train "
-        "trout tulip turtle wardrobe whale willow_tree wolf woman worm"
-    ).split(),
-}  # fmt: skip
+    "cifar100": """
+        apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy
+        bridge bus butterfly camel can castle caterpillar cattle chair chimpanzee clock
+        cloud cockroach couch crab crocodile cup dinosaur dolphin elephant flatfish
+        forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard lion
+        lizard lobster man maple_tree motorcycle mountain mouse mushroom oak_tree
+        orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
+        porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk
+        skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table
+        tank telephone television tiger tractor train trout tulip turtle wardrobe whale
+        willow_tree wolf woman worm
+    """.split(),  # noqa: SIM905
+}
 
 
 class Item(NamedTuple):
@@ -197,9 +212,7 @@ def _walk_images(top: str) -> list[str]:
 def _subfolders(path: str) -> list[str]:
     if storage.is_local(path):
         path = storage.local_path(path)
-        return sorted(
-            e.name for e in os.scandir(path) if not e.name.startswith(".") and e.is_dir()
-        )
+        return sorted(e.name for e in os.scandir(path) if not e.name.startswith(".") and e.is_dir())
     fs = storage.gfile()
     return sorted(
         n.rstrip("/")
@@ -273,7 +286,9 @@ def _scan_list(path: str, *, allow_outside: bool) -> Source:
                 continue
             try:
                 record = json.loads(line)
-                rows.append((number, str(record["path"]), str(record["label"]), record.get("split")))
+                rows.append(
+                    (number, str(record["path"]), str(record["label"]), record.get("split"))
+                )
             except (ValueError, KeyError, TypeError) as error:
                 raise ChuteError(
                     f"{path}, line {number}: each line must be a JSON object with 'path' and "
@@ -282,9 +297,18 @@ def _scan_list(path: str, *, allow_outside: bool) -> Source:
     else:
         reader = list(csv.reader(io.StringIO(text)))
         columns = {"path": 0, "label": 1, "split": None}
-        if reader and reader[0] and reader[0][0].strip().lower() in (
-            "path", "file", "filename", "filepath", "image",
-        ):  # fmt: skip
+        if (
+            reader
+            and reader[0]
+            and reader[0][0].strip().lower()
+            in (
+                "path",
+                "file",
+                "filename",
+                "filepath",
+                "image",
+            )
+        ):
             header = [h.strip().lower() for h in reader[0]]
             columns = {
                 "path": 0,
@@ -308,8 +332,10 @@ def _scan_list(path: str, *, allow_outside: bool) -> Source:
                     row[split_col].strip() if split_col is not None else None,
                 )
             )
-    base = posixpath.dirname(path) if not storage.is_local(path) else os.path.dirname(
-        os.path.abspath(storage.local_path(path))
+    base = (
+        posixpath.dirname(path)
+        if not storage.is_local(path)
+        else os.path.dirname(os.path.abspath(storage.local_path(path)))
     )
     labels = [label for _, _, label, _ in rows]
     if any(not label for label in labels):
@@ -358,9 +384,11 @@ def _resolve_listed(list_path: str, base: str, rel: str, line: int, allow_outsid
 
 
 def _array_source(
-    kind: str, location: str, splits: dict[str, tuple[np.ndarray, np.ndarray]],
+    kind: str,
+    location: str,
+    splits: dict[str, tuple[np.ndarray, np.ndarray]],
     class_names: list[str] | None,
-) -> Source:  # fmt: skip
+) -> Source:
     arrays: dict[str, np.ndarray] = {}
     items: list[Item] = []
     max_label = -1
@@ -438,6 +466,8 @@ def _scan_keras(source: str) -> Source:
 
     (x_train, y_train), (x_test, y_test) = getattr(keras.datasets, name).load_data()
     return _array_source(
-        "keras", source, {"train": (x_train, y_train), "test": (x_test, y_test)},
+        "keras",
+        source,
+        {"train": (x_train, y_train), "test": (x_test, y_test)},
         KERAS_CLASS_NAMES[name],
-    )  # fmt: skip
+    )

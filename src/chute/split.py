@@ -38,7 +38,8 @@ def _allocate(sizes: list[int], fraction: float, caps: list[int], rng: random.Ra
     tiebreak = list(range(len(sizes)))
     rng.shuffle(tiebreak)
     order = sorted(
-        range(len(sizes)), key=lambda c: (-(sizes[c] * fraction - math.floor(sizes[c] * fraction)), tiebreak[c])
+        range(len(sizes)),
+        key=lambda c: (-(sizes[c] * fraction - math.floor(sizes[c] * fraction)), tiebreak[c]),
     )
     missing = target - sum(shares)
     while missing > 0:

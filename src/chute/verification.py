@@ -14,7 +14,8 @@ import logging
 import os
 from collections.abc import Callable
 
-from chute import manifest as manifest_lib, records, storage
+from chute import manifest as manifest_lib
+from chute import records, storage
 
 log = logging.getLogger(__name__)
 _READ_BLOCK = 8 << 20
@@ -42,7 +43,9 @@ class VerifyReport:
         return not self.problems
 
 
-def verify(path: str | os.PathLike, *, progress: Callable[[str, int, int], None] | None = None) -> VerifyReport:
+def verify(
+    path: str | os.PathLike, *, progress: Callable[[str, int, int], None] | None = None
+) -> VerifyReport:
     """Re-reads every shard of a converted dataset and checks it against its manifest.
 
     Args:
@@ -61,7 +64,7 @@ def verify(path: str | os.PathLike, *, progress: Callable[[str, int, int], None]
     manifest = manifest_lib.load(path)
     report = VerifyReport(manifest.location)
     all_shards = [(name, s) for name, split in manifest.splits.items() for s in split["shards"]]
-    for done, (split_name, shard) in enumerate(all_shards, start=1):
+    for done, (_, shard) in enumerate(all_shards, start=1):
         for problem in _check_shard(manifest, shard):
             report.problems.append((shard["file"], problem))
             log.warning("%s: %s", shard["file"], problem)
@@ -121,7 +124,9 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
                 size[0] * size[1] * channels,
             )
         else:
-            image = tf.io.decode_image(example[records.IMAGE], channels=channels, expand_animations=False)
+            image = tf.io.decode_image(
+                example[records.IMAGE], channels=channels, expand_animations=False
+            )
             shape = tf.shape(image, out_type=tf.int64)
             ok = tf.reduce_all(tf.equal(shape[:2], size))
         if height is not None:
@@ -142,14 +147,27 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
                 return count, [], f"record {count + bad[0]} does not match the image spec {spec}"
             out_of_range = np.flatnonzero((labels < 0) | (labels >= num_classes))
             if len(out_of_range):
-                return count, [], (
-                    f"record {count + out_of_range[0]} has label {labels[out_of_range[0]]}, "
-                    f"outside 0..{num_classes - 1}"
+                return (
+                    count,
+                    [],
+                    (
+                        f"record {count + out_of_range[0]} has label {labels[out_of_range[0]]}, "
+                        f"outside 0..{num_classes - 1}"
+                    ),
                 )
             class_counts += np.bincount(labels, minlength=num_classes)
             count += len(labels)
     except tf.errors.DataLossError:
-        return count, [], f"truncated or corrupt after about {count} records (record CRC or length is wrong)"
+        return (
+            count,
+            [],
+            f"truncated or corrupt after about {count} records (record CRC or length is wrong)",
+        )
     except tf.errors.InvalidArgumentError as error:
-        return count, [], f"a record after about {count} records does not parse or decode: {error.message.splitlines()[0]}"
+        return (
+            count,
+            [],
+            f"a record after about {count} records does not parse or decode: "
+            f"{error.message.splitlines()[0]}",
+        )
     return count, class_counts.tolist(), None

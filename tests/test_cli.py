@@ -1,0 +1,100 @@
+"""The command line: fast help, inspect (text, JSON, grid), demo, errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from PIL import Image
+
+import chute
+from chute import cli, report
+from tests.conftest import make_folder, run_cli
+
+
+def test_help_lists_commands_without_importing_tensorflow():
+    code = (
+        "import sys, time; t = time.perf_counter(); from chute.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('TF', 'tensorflow' in sys.modules, time.perf_counter() - t)"
+    )
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert time.perf_counter() - started < 5  # generous for a loaded CI box; real: ~0.1 s
+    for command in ("convert", "inspect", "verify", "demo"):
+        assert command in out.stdout
+    assert "TF False" in out.stdout
+
+
+def test_python_dash_m_and_version():
+    result = run_cli("--version")
+    assert result.returncode == 0 and chute.__version__ in result.stdout
+
+
+def test_inspect_text_and_json(shared_dataset, capsys):
+    assert cli.main(["inspect", str(shared_dataset)]) == 0
+    text = capsys.readouterr().out
+    assert "3 classes, 12x10, 1 channel(s), raw" in text
+    assert "train" in text and "val" in text
+    assert "rejected inputs: 0" in text
+    assert cli.main(["inspect", str(shared_dataset), "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["class_names"] == ["a", "b", "c"] and body["format"] == "chute.manifest"
+
+
+def test_inspect_summarises_many_classes(tmp_path, capsys):
+    src = make_folder(tmp_path / "src", {f"k{i:02d}": 2 + (i == 7) for i in range(25)}, size=(4, 4))
+    chute.convert(src, tmp_path / "out", workers=1)
+    assert cli.main(["inspect", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert "largest classes in train:  k07 (3)" in text
+    assert "smallest classes in train" in text
+    assert "k13" not in text.split("smallest")[0]  # no per-class table for 25 classes
+
+
+def test_grid_draws_every_class_row(shared_dataset, tmp_path, capsys):
+    out = tmp_path / "grid.png"
+    assert cli.main(["inspect", str(shared_dataset), "--grid", str(out)]) == 0
+    image = Image.open(out)
+    assert image.height == 3 * (64 + 2)  # one row per class
+    assert "grid of sample images" in capsys.readouterr().out
+
+
+def test_caption_falls_back_to_label_index_without_a_font(monkeypatch):
+    report._system_fonts.cache_clear()
+    monkeypatch.setattr(report, "_system_fonts", lambda: ())
+    assert report.caption(3, "cat")[0] == "3: cat"
+    assert report.caption(4, "ಕನ್ನಡ")[0] == "4"  # Pillow's own font has no Kannada
+
+
+def test_caption_uses_a_font_that_covers_the_name():
+    text, font = report.caption(5, "ಕ")
+    # Either a font on this machine draws Kannada, or the caption is the index alone.
+    assert text == "5" or (text == "5: ಕ" and report.covers(font, "ಕ"))
+
+
+def test_grid_with_kannada_class_names(tmp_path):
+    src = make_folder(tmp_path / "src", {"ಕ": 3, "ಖ": 3}, size=(8, 8))
+    chute.convert(src, tmp_path / "out", workers=1)
+    path = report.draw_grid(tmp_path / "out", tmp_path / "grid.png", per_class=3)
+    assert Image.open(path).size[1] == 2 * (64 + 2)
+
+
+def test_demo_runs_small(tmp_path):
+    result = run_cli("demo", tmp_path / "demo", "--classes", "3", "--per-class", "12")
+    assert result.returncode == 0, result.stderr
+    assert "ok:" in result.stdout and "grid.png" in result.stdout
+    assert (tmp_path / "demo" / "shards" / "manifest.json").exists()
+
+
+def test_user_errors_exit_2_without_traceback(tmp_path):
+    result = run_cli("inspect", tmp_path / "nothing-here")
+    assert result.returncode == 2
+    assert "No manifest.json" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("convert", tmp_path / "missing", tmp_path / "out")
+    assert result.returncode == 2
+    assert "`source` does not exist" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("convert", "x", "y", "--color-mode", "cmyk")
+    assert result.returncode == 2 and "--color-mode" in result.stderr and "cmyk" in result.stderr
