@@ -256,20 +256,32 @@ def test_output_is_byte_identical_whatever_the_workers(tmp_path, monkeypatch):
 # -- pixels and formats ---------------------------------------------------------------------
 
 
-def test_raw_pixels_round_trip_exactly_through_resize(tmp_path):
-    src = make_folder(tmp_path / "src", {"a": 4, "b": 4}, size=(20, 16), mode="RGB")
+@pytest.mark.parametrize(
+    ("source_size", "target", "mode", "color_mode"),
+    [((20, 16), (8, 6), "RGB", "rgb"), ((10, 12), (25, 30), "L", "grayscale")],
+)
+def test_raw_pixels_match_tf_image_resize_bilinear(tmp_path, source_size, target, mode, color_mode):
+    # chute resizes as tf.image.resize does (no antialiasing, half-pixel centres), so the
+    # stored uint8 pixels are tf's float result to within rounding.
+    import tensorflow as tf
+
+    src = make_folder(tmp_path / "src", {"a": 3, "b": 3}, size=source_size, mode=mode)
     out = tmp_path / "out"
     chute.convert(
-        src, out, image_size="8x6", encoding="raw", color_mode="rgb",
+        src, out, image_size=f"{target[0]}x{target[1]}", encoding="raw", color_mode=color_mode,
         interpolation="bilinear", workers=1,
     )  # fmt: skip
     records = all_records(out)
-    assert len(records) == 8
+    assert len(records) == 6
+    channels = 3 if mode == "RGB" else 1
     for record in records:
-        assert record["size"] == (8, 6) and record["channels"] == 3
+        assert record["size"] == target and record["channels"] == channels
         with Image.open(src / record["key"]) as image:
-            expected = np.asarray(image.convert("RGB").resize((6, 8), Image.Resampling.BILINEAR))
-        np.testing.assert_array_equal(decode(record), expected)
+            pixels = np.asarray(image.convert(mode)).reshape(*source_size, channels)
+        expected = tf.image.resize(pixels, target, method="bilinear", antialias=False).numpy()
+        stored = decode(record)
+        assert stored.shape == (*target, channels) and stored.dtype == np.uint8
+        assert np.abs(stored.astype(np.float64) - expected).max() < 1.0
 
 
 def test_raw_pixels_round_trip_exactly_without_resize(folder, tmp_path):
@@ -541,23 +553,41 @@ def test_missing_source_raises_before_anything_is_written(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["not-an-image", "zero-bytes", "truncated"])
-def test_class_whose_images_are_all_unreadable_is_a_clear_error(tmp_path, damage):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"image_size": 12, "color_mode": "grayscale", "encoding": "raw"}],
+    ids=["auto", "all-options-given"],  # the second probes no headers: rejects come late
+)
+def test_class_whose_images_are_all_unreadable_is_a_clear_error(tmp_path, damage, options):
     src = make_folder(tmp_path / "src", {"fine": 4, "zzbroken": 2})
-    for path in (src / "zzbroken").iterdir():
+    for i, path in enumerate(sorted((src / "zzbroken").iterdir())):
         data = path.read_bytes()
-        path.write_bytes(
-            {
-                "not-an-image": b"hello, not a png",
-                "zero-bytes": b"",
-                "truncated": data[: len(data) // 2],
-            }[damage]
-        )
+        bad = {
+            "not-an-image": b"hello, not a png %d" % i,
+            "zero-bytes": b"",
+            "truncated": data[: len(data) // 2],
+        }[damage]
+        path.write_bytes(bad)
     out = tmp_path / "out"
     with pytest.raises(ChuteError, match="zzbroken"):
-        chute.convert(src, out, workers=1)
+        chute.convert(src, out, workers=1, **options)
     assert not (out / "manifest.json").exists()
-    leftovers = [p for p in out.rglob("*")] if out.exists() else []
+    leftovers = list(out.rglob("*")) if out.exists() else []
     assert leftovers == []
+
+
+def test_unreadable_files_in_a_class_that_has_good_ones_are_rejected_and_listed(tmp_path):
+    src = make_folder(tmp_path / "src", {"a": 4, "b": 4})
+    (src / "a" / "junk.png").write_bytes(b"not an image at all")
+    (src / "b" / "empty.jpg").write_bytes(b"")
+    out = tmp_path / "out"
+    result = chute.convert(src, out, workers=1)
+    assert result.num_written == {"train": 8}
+    assert result.num_rejected == 2
+    assert [r["key"] for r in result.manifest.rejects] == ["a/junk.png", "b/empty.jpg"]
+    rejects_csv = (out / "rejects.csv").read_text().splitlines()
+    assert rejects_csv[0] == "key,reason" and len(rejects_csv) == 3
+    assert rejects_csv[1].startswith("a/junk.png,") and rejects_csv[2].startswith("b/empty.jpg,")
 
 
 # -- the command line -----------------------------------------------------------------------
@@ -587,13 +617,13 @@ def test_cli_convert_happy_path_and_rerun(folder, tmp_path):
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        (["--image-size", "abc"], ["image_size", "'abc'"]),
-        (["--val-fraction", "1.5"], ["val_fraction", "1.5"]),
-        (["--quality", "0"], ["quality", "0"]),
-        (["--val-fraction", "abc"], ["--val-fraction", "abc"]),
-        (["--workers", "0"], ["workers", "0"]),
-        (["--color-mode", "cmyk"], ["--color-mode", "cmyk"]),
-        (["--shard-size-mb", "-5"], ["shard_size_mb", "-5"]),
+        (["--image-size", "abc"], ["image_size='abc'"]),
+        (["--val-fraction", "1.5"], ["val_fraction=1.5"]),
+        (["--quality", "0"], ["quality=0"]),
+        (["--val-fraction", "abc"], ["--val-fraction", "'abc'"]),
+        (["--workers", "0"], ["workers=0"]),
+        (["--color-mode", "cmyk"], ["--color-mode", "'cmyk'"]),
+        (["--shard-size-mb", "-5"], ["shard_size_mb=-5"]),
     ],
 )
 def test_cli_bad_flag_values_exit_non_zero_with_a_message(folder, tmp_path, flags, expected):

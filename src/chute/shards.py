@@ -77,6 +77,7 @@ class ShardWriter:
 
     def __enter__(self) -> ShardWriter:
         self._handle = storage.gfile().GFile(self._tmp, "wb")
+        self._handle.write(b"")  # GFile creates the file on the first write, even an empty one
         return self
 
     def write(self, framed: bytes, labels: list[int]) -> None:
@@ -91,7 +92,8 @@ class ShardWriter:
         self._handle.close()
         fs = storage.gfile()
         if exc_type is not None:
-            fs.remove(self._tmp)
+            if fs.exists(self._tmp):
+                fs.remove(self._tmp)
             return
         fs.rename(self._tmp, self.path, overwrite=True)
         self.info = {

@@ -63,23 +63,44 @@ def verify(
     """
     manifest = manifest_lib.load(path)
     report = VerifyReport(manifest.location)
-    all_shards = [(name, s) for name, split in manifest.splits.items() for s in split["shards"]]
-    for done, (_, shard) in enumerate(all_shards, start=1):
-        for problem in _check_shard(manifest, shard):
-            report.problems.append((shard["file"], problem))
-            log.warning("%s: %s", shard["file"], problem)
-        report.num_shards += 1
-        report.num_records += shard["num_records"]
-        if progress:
-            progress("verify", done, len(all_shards))
+    total_shards = sum(len(split["shards"]) for split in manifest.splits.values())
+    for name, split in manifest.splits.items():
+        count, class_counts, shards_ok = 0, [0] * manifest.num_classes, True
+        for shard in split["shards"]:
+            problems, read, read_counts = _check_shard(manifest, shard)
+            for problem in problems:
+                report.problems.append((shard["file"], problem))
+                log.warning("%s: %s", shard["file"], problem)
+            shards_ok = shards_ok and not problems
+            count += read
+            if read_counts:
+                class_counts = [a + b for a, b in zip(class_counts, read_counts, strict=True)]
+            report.num_shards += 1
+            report.num_records += read
+            if progress:
+                progress("verify", report.num_shards, total_shards)
+        # The split's totals are what readers use for step counts: they must
+        # match what its shards really hold.
+        if shards_ok and split["num_examples"] != count:
+            report.problems.append(
+                (
+                    f"{name} split",
+                    f"num_examples is {split['num_examples']}, its shards hold {count}",
+                )
+            )
+        elif shards_ok and split["class_counts"] != class_counts:
+            report.problems.append(
+                (f"{name} split", "per-class counts differ from what its shards hold")
+            )
     return report
 
 
-def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> list[str]:
+def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> tuple[list[str], int, list[int]]:
+    """Problems of one shard, and the record and per-class counts it really holds."""
     fs = storage.gfile()
     path = storage.join(manifest.location, shard["file"])
     if not fs.exists(path):
-        return ["missing: the file is not there"]
+        return ["missing: the file is not there"], 0, []
     problems = []
     size = fs.stat(path).length
     if size != shard["bytes"]:
@@ -97,7 +118,7 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> list[str]:
         problems.append(f"holds {count} records, the manifest says {shard['num_records']}")
     elif class_counts != shard["class_counts"]:
         problems.append("per-class counts differ from the manifest")
-    return problems
+    return problems, count, class_counts
 
 
 def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list[int], str | None]:
