@@ -3,7 +3,8 @@
 Images are a few pixels each, made in temp dirs; conversions run in-process
 with ``workers=1``. Expected pixels are computed independently where the
 answer is known (solid colours, bars, borders), and otherwise by doing the
-same Pillow convert + resize by hand.
+same Pillow convert + OpenCV resize by hand, checked against what the
+documentation promises: ``tf.image.resize`` without antialiasing.
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ def _exif_jpeg(path: Path, orientation: int) -> Path:
     return write_image(path, pixels, quality=95, exif=exif)
 
 
+@pytest.mark.parametrize("keep_size", [False, True], ids=["probed-size", "keep-size"])
 @pytest.mark.parametrize(
     ("orientation", "rot90_k", "size"),
     [(1, 0, (16, 32)), (3, 2, (16, 32)), (6, -1, (32, 16)), (8, 1, (32, 16))],
 )
-def test_exif_orientation_is_applied(tmp_path, orientation, rot90_k, size):
+def test_exif_orientation_is_applied(tmp_path, orientation, rot90_k, size, keep_size):
     path = _exif_jpeg(tmp_path / "src" / "a" / "x.jpg", orientation)
     assert Image.open(path).getexif()[ORIENTATION] == orientation
     stored = np.asarray(Image.open(path))  # decoded as stored, not rotated
@@ -75,8 +77,12 @@ def test_exif_orientation_is_applied(tmp_path, orientation, rot90_k, size):
     assert (probe.height, probe.width) == size
 
     out = tmp_path / "out"
-    result = convert(tmp_path / "src", out, encoding="png", color_mode="grayscale")
-    assert (result.manifest.image["height"], result.manifest.image["width"]) == size
+    # keep_size with every option given is the path where headers are not probed first.
+    result = convert(
+        tmp_path / "src", out, encoding="png", color_mode="grayscale", keep_size=keep_size
+    )
+    if not keep_size:
+        assert (result.manifest.image["height"], result.manifest.image["width"]) == size
     (record,) = all_records(out)
     assert record["size"] == size
     pixels = decode(record)[..., 0]
@@ -305,9 +311,7 @@ def test_resize_pad_adds_black_bars_left_and_right(tmp_path):
 
 
 def test_resize_pad_adds_black_bars_top_and_bottom(tmp_path):
-    write_image(
-        tmp_path / "src" / "a" / "x.png", np.full((10, 20, 3), 255, np.uint8), mode="RGB"
-    )
+    write_image(tmp_path / "src" / "a" / "x.png", np.full((10, 20, 3), 255, np.uint8), mode="RGB")
     record = _one_record(tmp_path, image_size=20, resize="pad", encoding="raw")
     want = np.zeros((20, 20, 3), np.uint8)
     want[5:15] = 255
@@ -387,27 +391,48 @@ def _gradient(path: Path, mode: str) -> Path:
     return write_image(path, rgb if mode == "RGB" else rgb[..., 0], mode=mode)
 
 
+def tf_resize(pixels: np.ndarray, size: tuple[int, int], method: str) -> np.ndarray:
+    """``tf.image.resize`` (no antialiasing) of uint8 (H, W, C) pixels, rounded back to uint8."""
+    import tensorflow as tf
+
+    resized = tf.image.resize(pixels, size, method=method, antialias=False).numpy()
+    return np.clip(np.rint(resized), 0, 255).astype(np.uint8)
+
+
+def by_hand(path: Path, channels: int, size: tuple[int, int]) -> np.ndarray:
+    """The same Pillow convert + OpenCV bilinear resize, done here."""
+    import cv2
+
+    converted = np.asarray(Image.open(path).convert("RGB" if channels == 3 else "L"))
+    resized = cv2.resize(converted, size[::-1], interpolation=cv2.INTER_LINEAR)
+    return resized.reshape(*size, channels)
+
+
 @pytest.mark.parametrize("source_mode", ["RGB", "L"])
 @pytest.mark.parametrize("color_mode", ["rgb", "grayscale"])
 @pytest.mark.parametrize("encoding", ["raw", "png", "jpeg"])
 def test_encoding_round_trip(tmp_path, encoding, color_mode, source_mode):
     path = _gradient(tmp_path / "src" / "a" / "x.png", source_mode)
     out = tmp_path / "out"
-    result = convert(tmp_path / "src", out, image_size=(6, 8), encoding=encoding,
-                     color_mode=color_mode)  # fmt: skip
+    result = convert(
+        tmp_path / "src", out, image_size=(6, 8), encoding=encoding, color_mode=color_mode
+    )
     channels = 3 if color_mode == "rgb" else 1
     assert result.manifest.image == {
-        "height": 6, "width": 8, "channels": channels, "encoding": encoding,
-    }  # fmt: skip
+        "height": 6,
+        "width": 8,
+        "channels": channels,
+        "encoding": encoding,
+    }
     (record,) = all_records(out)
     assert record["encoding"] == encoding
     assert record["size"] == (6, 8)
     assert record["channels"] == channels
-    want = np.asarray(
-        Image.open(path)
-        .convert("RGB" if channels == 3 else "L")
-        .resize((8, 6), Image.Resampling.BILINEAR)
-    ).reshape(6, 8, channels)
+    want = by_hand(path, channels, (6, 8))
+    # What the pixels mean: tf.image.resize (bilinear, no antialiasing), to rounding.
+    converted = np.asarray(Image.open(path).convert("RGB" if channels == 3 else "L"))
+    reference = tf_resize(converted.reshape(12, 10, channels), (6, 8), "bilinear")
+    assert np.abs(want.astype(int) - reference.astype(int)).max() <= 1
     got = decode(record)
     assert got.shape == (6, 8, channels)
     if encoding == "raw":
@@ -424,18 +449,34 @@ def test_encoding_round_trip(tmp_path, encoding, color_mode, source_mode):
 
 
 @pytest.mark.parametrize(
-    ("interpolation", "pil_filter"),
+    ("interpolation", "tf_method", "tolerance"),
     [
-        ("nearest", Image.Resampling.NEAREST),
-        ("bicubic", Image.Resampling.BICUBIC),
-        ("area", Image.Resampling.BOX),
-        ("lanczos", Image.Resampling.LANCZOS),
+        ("nearest", "nearest", 0),
+        ("bilinear", "bilinear", 1),
+        ("area", "area", 1),
     ],
 )
-def test_interpolation_option_picks_the_resampling_filter(tmp_path, interpolation, pil_filter):
+def test_interpolation_matches_tf_image_resize(tmp_path, interpolation, tf_method, tolerance):
+    """Documented: nearest, bilinear and area are computed as ``tf.image.resize`` does them."""
     path = write_image(tmp_path / "src" / "a" / "x.png", size=(12, 10), mode="RGB", seed=4)
     record = _one_record(tmp_path, image_size=(5, 7), interpolation=interpolation, encoding="raw")
-    want = np.asarray(Image.open(path).convert("RGB").resize((7, 5), pil_filter))
+    want = tf_resize(np.asarray(Image.open(path)), (5, 7), tf_method)
+    got = decode(record)
+    assert got.shape == want.shape
+    diff = np.abs(got.astype(int) - want.astype(int))
+    assert diff.max() <= tolerance, f"max |chute - tf.image.resize| = {diff.max()}"
+
+
+@pytest.mark.parametrize(
+    ("interpolation", "flag"), [("bicubic", "INTER_CUBIC"), ("lanczos", "INTER_LANCZOS4")]
+)
+def test_bicubic_and_lanczos_are_opencvs(tmp_path, interpolation, flag):
+    """Documented: bicubic and lanczos are OpenCV's kernels (not tf.image.resize's)."""
+    import cv2
+
+    path = write_image(tmp_path / "src" / "a" / "x.png", size=(12, 10), mode="RGB", seed=4)
+    record = _one_record(tmp_path, image_size=(5, 7), interpolation=interpolation, encoding="raw")
+    want = cv2.resize(np.asarray(Image.open(path)), (7, 5), interpolation=getattr(cv2, flag))
     np.testing.assert_array_equal(decode(record), want)
 
 
@@ -454,6 +495,14 @@ def test_encode_one_of_an_array_payload(tmp_path):
 GOOD = {"a": 4, "b": 3}
 
 
+@pytest.fixture(params=["headers-probed", "header-free"])
+def zoo_options(request) -> dict:
+    """With every option given, the first pass only hashes files: bad ones surface later."""
+    if request.param == "headers-probed":
+        return {"image_size": (12, 10), "color_mode": "auto"}
+    return {"image_size": (12, 10), "color_mode": "grayscale", "encoding": "raw"}
+
+
 def _convert_with_bad(tmp_path: Path, make_bad, **options):
     """A good folder (a: 4, b: 3) plus one bad file ``a/bad.*``; converts it.
 
@@ -465,7 +514,7 @@ def _convert_with_bad(tmp_path: Path, make_bad, **options):
     good_keys = sorted(str(p.relative_to(src)) for p in src.rglob("*.png"))
     bad = make_bad(src / "a")
     out = tmp_path / "out"
-    result = convert(src, out, image_size=(12, 10), **options)
+    result = convert(src, out, **options)
     return result, out, good_keys, f"a/{bad.name}"
 
 
@@ -488,49 +537,49 @@ def _assert_rejected_alone(result, out: Path, good_keys: list[str], bad_key: str
     return reason.lower()
 
 
-def test_zero_byte_file_is_rejected(tmp_path):
+def test_zero_byte_file_is_rejected(tmp_path, zoo_options):
     def make(folder):
         path = folder / "bad.png"
         path.write_bytes(b"")
         return path
 
-    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make))
+    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make, **zoo_options))
     assert "empty" in reason or "0 bytes" in reason
 
 
-def test_truncated_png_is_rejected(tmp_path):
+def test_truncated_png_is_rejected(tmp_path, zoo_options):
     def make(folder):
         path = write_image(folder / "bad.png", size=(48, 48), seed=11)
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 2])
         return path
 
-    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make))
+    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make, **zoo_options))
     assert "truncated" in reason or "corrupt" in reason
 
 
-def test_truncated_jpeg_is_rejected(tmp_path):
+def test_truncated_jpeg_is_rejected(tmp_path, zoo_options):
     def make(folder):
         path = write_image(folder / "bad.jpg", size=(64, 64), mode="RGB", seed=12)
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 2])
         return path
 
-    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make))
+    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make, **zoo_options))
     assert "truncated" in reason or "corrupt" in reason
 
 
-def test_text_file_with_jpg_extension_is_rejected(tmp_path):
+def test_text_file_with_jpg_extension_is_rejected(tmp_path, zoo_options):
     def make(folder):
         path = folder / "bad.jpg"
         path.write_text("this is not a JPEG, just some text\n" * 20)
         return path
 
-    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make))
+    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make, **zoo_options))
     assert "image" in reason
 
 
-def test_unreadable_file_is_rejected(tmp_path):
+def test_unreadable_file_is_rejected(tmp_path, zoo_options):
     probe = write_image(tmp_path / "probe.png")
     probe.chmod(0)
     try:
@@ -545,13 +594,13 @@ def test_unreadable_file_is_rejected(tmp_path):
         return path
 
     try:
-        reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make))
+        reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make, **zoo_options))
     finally:
         (tmp_path / "src" / "a" / "bad.png").chmod(0o644)
     assert "read" in reason or "permission" in reason
 
 
-def test_dangling_symlink_with_image_name_is_rejected(tmp_path):
+def test_dangling_symlink_with_image_name_is_rejected(tmp_path, zoo_options):
     """An image name that cannot be opened at all (works even as root)."""
 
     def make(folder):
@@ -559,21 +608,23 @@ def test_dangling_symlink_with_image_name_is_rejected(tmp_path):
         path.symlink_to(folder / "gone.png")
         return path
 
-    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make))
+    reason = _assert_rejected_alone(*_convert_with_bad(tmp_path, make, **zoo_options))
     assert "read" in reason or "no such file" in reason
 
 
-def test_image_over_max_pixels_is_rejected(tmp_path):
+def test_image_over_max_pixels_is_rejected(tmp_path, zoo_options):
     def make(folder):
         return write_image(folder / "bad.png", size=(40, 40), seed=14)  # 1600 pixels
 
-    result, out, good_keys, bad_key = _convert_with_bad(tmp_path, make, max_pixels=500)
+    result, out, good_keys, bad_key = _convert_with_bad(
+        tmp_path, make, max_pixels=500, **zoo_options
+    )
     reason = _assert_rejected_alone(result, out, good_keys, bad_key)  # good ones are 120 px
     assert "pixels" in reason and "500" in reason
     assert result.manifest.options["max_pixels"] == 500
 
 
-def test_every_kind_of_bad_input_at_once(tmp_path):
+def test_every_kind_of_bad_input_at_once(tmp_path, zoo_options):
     src = make_folder(tmp_path / "src", GOOD)
     good_keys = sorted(str(p.relative_to(src)) for p in src.rglob("*.png"))
     (src / "a" / "empty.png").write_bytes(b"")
@@ -586,7 +637,7 @@ def test_every_kind_of_bad_input_at_once(tmp_path):
     bad = ["a/cut.png", "a/empty.png", "b/cut.jpg", "b/huge.png", "b/text.jpg"]
 
     out = tmp_path / "out"
-    result = convert(src, out, image_size=(12, 10), max_pixels=500)
+    result = convert(src, out, max_pixels=500, **zoo_options)
     assert sorted(r["key"] for r in result.manifest.rejects) == bad
     assert all(r["reason"] for r in result.manifest.rejects)
     with open(out / "rejects.csv", newline="", encoding="utf-8") as handle:

@@ -454,9 +454,7 @@ def test_jsonl_split_key(listed):
 
 def test_integer_labels_are_sorted_numerically(listed):
     list_file = listed / "data.csv"
-    list_file.write_text(
-        "imgs/cat0.png,10\nimgs/cat1.png,2\nimgs/dog0.png,1\nimgs/dog1.png,100\n"
-    )
+    list_file.write_text("imgs/cat0.png,10\nimgs/cat1.png,2\nimgs/dog0.png,1\nimgs/dog1.png,100\n")
     found = sources.scan(str(list_file))
     assert found.class_names == ["1", "2", "10", "100"]
     assert keys_and_labels(found) == {
@@ -480,7 +478,7 @@ def test_jsonl_integer_labels_are_sorted_numerically(listed):
 
 
 def test_numeric_label_order_does_not_depend_on_hash_seed(listed):
-    """"1" and "01" are distinct classes with the same number: their order must still be fixed."""
+    """Labels "1" and "01" are distinct classes with the same number; their order must be fixed."""
     list_file = listed / "data.csv"
     list_file.write_text("imgs/cat0.png,1\nimgs/cat1.png,01\nimgs/dog0.png,001\nimgs/dog1.png,2\n")
     code = "import sys; from chute import sources; print(sources.scan(sys.argv[1]).class_names)"
@@ -489,8 +487,12 @@ def test_numeric_label_order_does_not_depend_on_hash_seed(listed):
         env = dict(os.environ, PYTHONHASHSEED=str(seed))
         done = subprocess.run(
             [sys.executable, "-c", code, str(list_file)],
-            capture_output=True, text=True, env=env, timeout=60, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=True,
+        )
         seen.add(done.stdout.strip())
     assert len(seen) == 1, seen
 

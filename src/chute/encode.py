@@ -172,9 +172,9 @@ def resize(
     ``crop`` first cuts the centred window of the target aspect ratio,
     ``pad`` first pads with black to it, ``stretch`` ignores the aspect ratio
     (Keras's ``crop_to_aspect_ratio`` and ``pad_to_aspect_ratio``). The
-    resampling is OpenCV's, which computes what ``tf.image.resize`` does
-    (no antialiasing, half-pixel centres): the images match the ones Keras's
-    own loaders would produce.
+    resampling is OpenCV's; for nearest, bilinear and area it computes what
+    ``tf.image.resize`` does (no antialiasing, half-pixel centres), so the
+    images match the ones Keras's own loaders produce.
     """
     src_w, src_h = image.size
     if mode != "stretch" and src_w * height != src_h * width:

@@ -75,8 +75,9 @@ class ConvertOptions:
         resize: ``"stretch"`` (ignore aspect ratio), ``"crop"`` (centre crop
             to the target aspect ratio, Keras's ``crop_to_aspect_ratio``) or
             ``"pad"`` (pad with black to it, Keras's ``pad_to_aspect_ratio``).
-        interpolation: resampling filter by name, computed as ``tf.image.resize``
-            does (no antialiasing); ``lanczos3``/``lanczos5`` mean ``lanczos``.
+        interpolation: resampling filter by name. ``nearest``, ``bilinear`` and
+            ``area`` compute what ``tf.image.resize`` does (no antialiasing);
+            ``bicubic`` and ``lanczos`` are OpenCV's (Keys a=-0.75, Lanczos-4).
         keep_size: store every image at its own size (PNG or JPEG only).
         color_mode: ``"grayscale"``, ``"rgb"`` or ``"auto"`` (grayscale when
             every image is grayscale).
@@ -113,12 +114,7 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", parse_image_size(self.image_size))
         one_of("resize", self.resize, RESIZE_MODES)
-        interpolation = self.interpolation
-        if interpolation in ("lanczos3", "lanczos5"):
-            interpolation = "lanczos"
-        object.__setattr__(
-            self, "interpolation", one_of("interpolation", interpolation, INTERPOLATIONS)
-        )
+        one_of("interpolation", self.interpolation, INTERPOLATIONS)
         one_of("color_mode", self.color_mode, COLOR_MODES)
         one_of("encoding", self.encoding, ENCODINGS)
         _check_int("quality", self.quality, 1, 100)

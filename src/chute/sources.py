@@ -164,11 +164,12 @@ def _is_image(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _walk_images(top: str) -> list[str]:
+def _walk_images(top: str, outer: frozenset[str] = frozenset()) -> list[str]:
     """Image paths under ``top`` relative to it (``/``-separated), sorted.
 
     Hidden files and folders are skipped; symlinked folders are followed
-    unless they lead back to a folder already on the current path (a loop).
+    unless they lead back to a folder already on the current path, or to one of
+    the ``outer`` folders (real paths of the dataset and split roots): a loop.
     """
     found: list[str] = []
     if not storage.is_local(top):
@@ -205,7 +206,7 @@ def _walk_images(top: str) -> list[str]:
                 found.append(child_rel)
 
     top = storage.local_path(top)
-    visit(top, "", frozenset({os.path.realpath(top)}))
+    visit(top, "", outer | {os.path.realpath(top)})
     return sorted(found)
 
 
@@ -251,10 +252,13 @@ def _scan_folder(root: str) -> Source:
     items: list[Item] = []
     for split, (split_root, names) in sorted(paths.items()):
         split_name = next(k for k, v in split_dirs.items() if v == split) if split else ""
+        outer = frozenset()
+        if storage.is_local(root):
+            outer = frozenset(os.path.realpath(storage.local_path(p)) for p in (root, split_root))
         for class_name in names:
             prefix = f"{split_name}/{class_name}" if split else class_name
             class_root = storage.join(split_root, class_name)
-            for rel in _walk_images(class_root):
+            for rel in _walk_images(class_root, outer):
                 items.append(
                     Item(
                         key=f"{prefix}/{rel}",
@@ -273,7 +277,7 @@ def _scan_folder(root: str) -> Source:
 def _class_names(labels: list[str]) -> list[str]:
     unique = set(labels)
     if all(label.lstrip("-").isdigit() for label in unique):
-        return sorted(unique, key=int)
+        return sorted(unique, key=lambda label: (int(label), label))  # "1" and "01" stay apart
     return sorted(unique)
 
 
