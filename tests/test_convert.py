@@ -229,23 +229,21 @@ def test_default_min_shards_is_16_only_when_each_gets_64(tmp_path, count, shards
 
 
 def test_output_is_byte_identical_whatever_the_workers(tmp_path, monkeypatch):
-    import concurrent.futures
-
-    from chute import conversion
+    from chute import workers
 
     pools = []
-    real_pool = conversion._pool
+    real_pool = workers.start_pool
 
     def spy(*args, **kwargs):
         pools.append(real_pool(*args, **kwargs))
         return pools[-1]
 
-    monkeypatch.setattr(conversion, "_pool", spy)
+    monkeypatch.setattr(workers, "start_pool", spy)
     src = make_folder(tmp_path / "src", {"a": 50, "b": 50, "c": 50}, size=(6, 5))
     one = chute.convert(src, tmp_path / "w1", val_fraction=0.2, workers=1)
     two = chute.convert(src, tmp_path / "w2", val_fraction=0.2, workers=2)
-    assert pools[0] is None
-    assert isinstance(pools[1], concurrent.futures.ProcessPoolExecutor)  # really two processes
+    assert isinstance(pools[0], workers.InlinePool)
+    assert isinstance(pools[1], workers.WorkerPool)  # really two processes
     assert two.num_written == one.num_written
     assert one.num_written == {"train": 120, "val": 30}
     # more than one 64-item encode chunk in one shard went through the pool

@@ -651,14 +651,14 @@ def test_encode_chunk_reports_rejects_and_keeps_going(tmp_path):
     empty = tmp_path / "empty.png"
     empty.write_bytes(b"")
     spec = encode.ImageSpec(height=4, width=4, channels=1, encoding="raw")
-    framed, labels, rejects = encode.encode_chunk(
+    results = encode.encode_chunk(
         [("g1", 0, str(good)), ("e", 1, str(empty)), ("g2", 2, str(good))], spec
     )
-    assert labels == [0, 2]
-    assert [key for key, _ in rejects] == ["e"]
-    assert framed == encode.encode_one("g1", 0, str(good), spec) + encode.encode_one(
-        "g2", 2, str(good), spec
-    )
+    assert [r.reject for r in results][0::2] == [None, None]
+    assert results[1].reject == "empty file (0 bytes)" and results[1].record is None
+    assert results[0].record == encode.encode_one("g1", 0, str(good), spec)
+    assert results[2].record == encode.encode_one("g2", 2, str(good), spec)
+    assert results[0].digest == results[2].digest == hashlib.sha256(good.read_bytes()).digest()
     with pytest.raises(encode.Rejected):
         encode.encode_one("e", 1, str(empty), spec)
     with pytest.raises(encode.Rejected):

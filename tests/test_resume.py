@@ -13,8 +13,8 @@ import pytest
 from conftest import make_folder, tree_bytes
 
 import chute
-from chute import conversion, shards
 from chute import manifest as manifest_lib
+from chute import outdir, shards
 from chute.errors import ChuteError
 
 OPTIONS = {"val_fraction": 0.25, "min_shards": 4}  # 40 images: train 30 + val 10, 4 + 4 shards
@@ -55,7 +55,7 @@ def _crash_on_write(monkeypatch, call: int, *, before: bool = False) -> None:
 
 
 def _work(out: Path) -> Path:
-    return out / conversion.WORK_DIR
+    return out / outdir.WORK_DIR
 
 
 def _notes(out: Path) -> list[str]:
@@ -191,7 +191,7 @@ def test_crash_after_the_manifest_is_finished_on_rerun(src, reference, tmp_path,
         raise Crash("killed before the work folder was removed")
 
     with monkeypatch.context() as patch:
-        patch.setattr(conversion, "_remove_work_dir", crash)
+        patch.setattr(outdir, "remove_work_dir", crash)
         with pytest.raises(Crash):
             chute.convert(src, out, workers=1, **OPTIONS)
     assert (out / "manifest.json").exists() and _work(out).exists()

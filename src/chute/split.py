@@ -2,9 +2,12 @@
 
 Each class gives the same share of its images to val and test (the global
 counts are exact: remainders go to the classes with the largest fractional
-parts), every class keeps at least one training image, and identical images
-(same content hash) never sit on both sides of a split: a copy that would
-land in val or test while another is in train is dropped there and reported.
+parts), and every class keeps at least one training image.
+
+Identical images (same content hash) never sit on both sides of a split:
+:class:`LeakGuard` sees every record as it is written, train first, and drops
+a copy from val or test when a higher split already holds the content.
+Hashing while encoding means each file is read only once.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ class Split:
     """Item indices per split, in record order, plus what deduplication did."""
 
     indices: dict[str, list[int]]
-    duplicates: list[dict]
 
 
 def _allocate(sizes: list[int], fraction: float, caps: list[int], rng: random.Random) -> list[int]:
@@ -56,14 +58,14 @@ def _allocate(sizes: list[int], fraction: float, caps: list[int], rng: random.Ra
 
 def split_items(
     items: Sequence[Item],
-    digests: Sequence[bytes | None],
+    usable: Sequence[bool],
     class_names: Sequence[str],
     *,
     val_fraction: float,
     test_fraction: float,
     seed: int,
 ) -> Split:
-    """Assigns usable items (digest not None) to splits.
+    """Assigns usable items to splits.
 
     Items that carry a split (a pre-split source) keep it; fractions carve
     the splits the source lacks out of its train split.
@@ -82,7 +84,7 @@ def split_items(
     by_split: dict[str, list[int]] = defaultdict(list)
     train_by_class: list[list[int]] = [[] for _ in class_names]
     for index, item in enumerate(items):
-        if digests[index] is None:
+        if not usable[index]:
             continue
         split = item.split or "train"
         if split == "train":
@@ -103,8 +105,6 @@ def split_items(
         by_split["test"] += members[val[label] : val[label] + test[label]]
         by_split["train"] += members[val[label] + test[label] :]
 
-    duplicates = _drop_leaks(items, digests, by_split)
-
     missing = sorted(
         {class_names[i] for i in range(len(class_names))}
         - {class_names[items[i].label] for i in by_split["train"]}
@@ -122,34 +122,46 @@ def split_items(
         if members:
             random.Random(f"{seed}/order/{name}").shuffle(members)  # class-mixed shards
             ordered[name] = members
-    return Split(ordered, duplicates)
+    return Split(ordered)
 
 
-def _drop_leaks(
-    items: Sequence[Item], digests: Sequence[bytes | None], by_split: dict[str, list[int]]
-) -> list[dict]:
-    split_of = {i: name for name, members in by_split.items() for i in members}
-    groups: dict[bytes, list[int]] = defaultdict(list)
-    for index in sorted(split_of, key=lambda i: items[i].key):
-        groups[digests[index]].append(index)
-    report = []
-    dropped: set[int] = set()
-    for digest, members in groups.items():
-        if len(members) < 2:
-            continue
-        best = min(_RANK[split_of[i]] for i in members)
-        leaked = [i for i in members if _RANK[split_of[i]] > best]
-        dropped.update(leaked)
-        report.append(
-            {
-                "sha256": digest.hex(),
-                "keys": [items[i].key for i in members],
-                "splits": [split_of[i] for i in members],
-                "labels": sorted({items[i].label for i in members}),
-                "dropped": [items[i].key for i in leaked],
-            }
-        )
-    if dropped:
-        for name in by_split:
-            by_split[name] = [i for i in by_split[name] if i not in dropped]
-    return report
+class LeakGuard:
+    """Keeps identical images out of two splits, and reports every duplicate.
+
+    Feed it every record in writing order (all of train, then val, then
+    test): a record whose content a higher-ranked split already holds is
+    refused.
+
+    Example:
+        >>> guard = LeakGuard()
+        >>> guard.admit(b"h", "a/1.png", 0, "train"), guard.admit(b"h", "a/2.png", 0, "val")
+        (True, False)
+    """
+
+    def __init__(self) -> None:
+        self._first: dict[bytes, tuple[str, str, int]] = {}  # digest -> split, key, label
+        self._copies: dict[bytes, list[tuple[str, str, int, bool]]] = {}
+
+    def admit(self, digest: bytes, key: str, label: int, split: str) -> bool:
+        """Whether the record may be written to ``split``."""
+        first = self._first.setdefault(digest, (split, key, label))
+        if first == (split, key, label):
+            return True
+        keep = _RANK[split] <= _RANK[first[0]]
+        self._copies.setdefault(digest, [(*first, True)]).append((split, key, label, keep))
+        return keep
+
+    def report(self) -> list[dict]:
+        """Each group of identical images: keys, splits, labels, and copies dropped."""
+        groups = []
+        for digest, copies in self._copies.items():
+            groups.append(
+                {
+                    "sha256": digest.hex(),
+                    "keys": [key for _, key, _, _ in copies],
+                    "splits": [split for split, _, _, _ in copies],
+                    "labels": sorted({label for _, _, label, _ in copies}),
+                    "dropped": [key for _, key, _, keep in copies if not keep],
+                }
+            )
+        return sorted(groups, key=lambda group: group["keys"][0])
