@@ -119,14 +119,58 @@ def speed(args) -> dict:
     }
 
 
+def _rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            kids = [int(p) for p in handle.read().split()]
+    except OSError:
+        return []
+    return kids + [grandchild for kid in kids for grandchild in _children(kid)]
+
+
 def _peak_rss_child(src: str, out: str) -> None:
-    """Runs inside a fresh interpreter: convert, then report peak RSS of self and workers."""
+    """Runs inside a fresh interpreter: convert while sampling the RSS of this process
+    and of its worker processes every 20 ms; report the peaks (Linux /proc)."""
+    import threading
+
     import chute
 
-    chute.convert(src, out, image_size=16, color_mode="grayscale", encoding="raw", overwrite=True)
-    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(json.dumps({"main_mb": round(me), "largest_worker_mb": round(kids)}))
+    me, peaks, done = os.getpid(), {"main_mb": 0.0, "workers_mb": 0.0, "total_mb": 0.0}, False
+
+    def sample() -> None:
+        while not done:
+            main = _rss_mb(me)
+            workers = sum(_rss_mb(kid) for kid in _children(me))
+            for key, value in (
+                ("main_mb", main),
+                ("workers_mb", workers),
+                ("total_mb", main + workers),
+            ):
+                peaks[key] = max(peaks[key], value)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    result = chute.convert(
+        src, out, image_size=16, color_mode="grayscale", encoding="raw", overwrite=True
+    )
+    done = True
+    thread.join()
+    peaks = {key: round(value) for key, value in peaks.items()}
+    peaks["images"] = sum(result.num_written.values())
+    peaks["main_hwm_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(json.dumps(peaks))
 
 
 def memory(args) -> dict:

@@ -13,6 +13,7 @@ is instant.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -21,7 +22,13 @@ from collections.abc import Sequence
 
 from chute import __version__
 from chute.errors import ChuteError
-from chute.options import COLOR_MODES, DEFAULT_MAX_PIXELS, ENCODINGS, INTERPOLATIONS, RESIZE_MODES
+from chute.options import (
+    COLOR_MODES,
+    ENCODINGS,
+    INTERPOLATIONS,
+    RESIZE_MODES,
+    ConvertOptions,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,38 +48,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("source", metavar="SRC")
     convert.add_argument("output", metavar="OUT")
-    convert.add_argument(
-        "--image-size", metavar="H[xW]", help="resize to H x W (default: keep a common size)"
-    )
-    convert.add_argument(
-        "--resize",
-        choices=RESIZE_MODES,
-        default="stretch",
-        help="how to reach --image-size's aspect ratio (default: stretch)",
-    )
-    convert.add_argument("--interpolation", choices=INTERPOLATIONS, default="bilinear")
-    convert.add_argument(
-        "--keep-size", action="store_true", help="store every image at its own size (png or jpeg)"
-    )
-    convert.add_argument("--color-mode", choices=COLOR_MODES, default="auto")
-    convert.add_argument("--encoding", choices=ENCODINGS, default="auto")
-    convert.add_argument("--quality", type=int, default=90, help="JPEG quality 1-100 (default 90)")
-    convert.add_argument("--val-fraction", type=float, default=0.0)
-    convert.add_argument("--test-fraction", type=float, default=0.0)
-    convert.add_argument("--seed", type=int, default=1337)
-    convert.add_argument("--shard-size-mb", type=float, default=128.0)
-    convert.add_argument(
-        "--min-shards",
-        type=int,
-        default=None,
-        help="minimum shards per split (default 16 when each gets >= 64 images)",
-    )
-    convert.add_argument(
-        "--max-pixels",
-        type=int,
-        default=DEFAULT_MAX_PIXELS,
-        help="reject larger images (decompression bombs)",
-    )
+    option = convert.add_argument
+    option("--image-size", metavar="H[xW]", help="resize to H x W (default: a common size)")
+    option("--resize", choices=RESIZE_MODES, help="reach the aspect ratio (default: %(default)s)")
+    option("--interpolation", choices=INTERPOLATIONS, help="(default: %(default)s)")
+    option("--keep-size", action="store_true", help="store each image at its own size")
+    option("--color-mode", choices=COLOR_MODES, help="(default: %(default)s)")
+    option("--encoding", choices=ENCODINGS, help="(default: %(default)s)")
+    option("--quality", type=int, help="JPEG quality 1-100 (default: %(default)s)")
+    option("--val-fraction", type=float, help="share held out for validation (default: 0)")
+    option("--test-fraction", type=float, help="share held out for testing (default: 0)")
+    option("--seed", type=int, help="seed of the split and record order (default: %(default)s)")
+    option("--shard-size-mb", type=float, help="target shard size (default: %(default)s)")
+    option("--min-shards", type=int, help="per split (default: 16 when each gets >= 64 images)")
+    option("--max-pixels", type=int, help="reject larger images (default: %(default)s)")
     convert.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     convert.add_argument(
         "--overwrite",
@@ -90,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="progress bars (default: when stderr is a terminal)",
     )
+
+    # ConvertOptions holds the defaults; the flags only name them.
+    convert.set_defaults(**{f.name: f.default for f in dataclasses.fields(ConvertOptions)})
 
     inspect = commands.add_parser("inspect", help="summarise a converted dataset")
     inspect.add_argument("path", metavar="OUT")
@@ -153,19 +145,11 @@ def _convert(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             allow_outside=args.allow_outside,
             progress=bars,
-            image_size=args.image_size,
-            resize=args.resize,
-            interpolation=args.interpolation,
-            keep_size=args.keep_size,
-            color_mode=args.color_mode,
-            encoding=args.encoding,
-            quality=args.quality,
-            val_fraction=args.val_fraction,
-            test_fraction=args.test_fraction,
-            seed=args.seed,
-            shard_size_mb=args.shard_size_mb,
-            min_shards=args.min_shards,
-            max_pixels=args.max_pixels,
+            # every ConvertOptions field has the flag of the same name (--image-size, ...)
+            **{
+                field.name: getattr(args, field.name)
+                for field in dataclasses.fields(ConvertOptions)
+            },
         )
     finally:
         bars.close()

@@ -181,8 +181,11 @@ def start_pool(workers: int) -> WorkerPool | InlinePool:
 def _serve() -> None:
     """A worker's loop: read tasks from stdin (in a thread, so the parent never
     blocks writing while this process writes a large result), run, reply."""
+    import signal
+
     from chute import encode
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # anything printed must not corrupt the result stream
     tasks: queue.Queue = queue.Queue()
