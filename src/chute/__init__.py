@@ -31,6 +31,8 @@ _EXPORTS = {
     "verify": "chute.verification",
     "VerifyReport": "chute.verification",
     "make_sample_folder": "chute.samples",
+    "load": "chute.pipeline",
+    "image_dataset_from_directory": "chute.dropin",
 }
 __all__ = [
     "ChuteError",
@@ -39,7 +41,9 @@ __all__ = [
     "Manifest",
     "VerifyReport",
     "convert",
+    "image_dataset_from_directory",
     "inspect",
+    "load",
     "load_manifest",
     "make_sample_folder",
     "verify",
@@ -48,10 +52,12 @@ __all__ = [
 if TYPE_CHECKING:
     from chute.conversion import ConvertResult, convert
     from chute.describe import describe as inspect
+    from chute.dropin import image_dataset_from_directory
     from chute.errors import ChuteError
     from chute.manifest import Manifest
     from chute.manifest import load as load_manifest
     from chute.options import ConvertOptions
+    from chute.pipeline import load
     from chute.samples import make_sample_folder
     from chute.verification import VerifyReport, verify
 
