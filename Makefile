@@ -27,7 +27,10 @@ format: $(BIN)/.installed
 	$(BIN)/ruff format .
 
 bench: $(BIN)/.installed
+	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/bench_convert.py --memory --json benchmarks/results/convert.json
+	$(BIN)/python benchmarks/bench_reader.py --json benchmarks/results/reader.json
 
 clean:
 	rm -rf $(VENV) chute-demo .pytest_cache

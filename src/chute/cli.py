@@ -95,6 +95,19 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("path", metavar="OUT")
     verify.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
+    bench = commands.add_parser(
+        "bench", help="time chute.load against Keras's loaders on the same images"
+    )
+    bench.add_argument("source", metavar="SRC", nargs="?", help="image folder (default: generated)")
+    bench.add_argument("--image-size", type=int, default=75, help="(default: %(default)s)")
+    bench.add_argument("--color-mode", choices=("grayscale", "rgb"), default="grayscale")
+    bench.add_argument("--batch-size", type=int, default=256, help="(default: %(default)s)")
+    bench.add_argument("--model", help="also time this keras.applications model's training step")
+    bench.add_argument(
+        "--work-dir", help="where generated data and shards go (default: a temp dir)"
+    )
+    bench.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+
     demo = commands.add_parser("demo", help="run the whole job on a built-in sample (no download)")
     demo.add_argument(
         "directory",
@@ -215,6 +228,25 @@ def _verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from chute.bench import run, table
+
+    figures = run(
+        args.source,
+        work_dir=args.work_dir,
+        image_size=args.image_size,
+        color_mode=args.color_mode,
+        batch_size=args.batch_size,
+        model=args.model,
+        say=lambda line: print(line, file=sys.stderr),
+    )
+    print(table(figures))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(figures, handle, indent=1)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from chute.demo import run
 
@@ -232,9 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO, format="chute: %(message)s"
     )
-    handler = {"convert": _convert, "inspect": _inspect, "verify": _verify, "demo": _demo}[
-        args.command
-    ]
+    handler = {
+        "convert": _convert,
+        "inspect": _inspect,
+        "verify": _verify,
+        "bench": _bench,
+        "demo": _demo,
+    }[args.command]
     try:
         return handler(args)
     except ChuteError as error:

@@ -245,8 +245,12 @@ def _cache_target(cache, manifest, split, spec) -> str | None:
         return None
     decoded = manifest.num_examples(split) * spec["height"] * spec["width"] * spec["channels"]
     fits = decoded <= _memory_budget()
-    log.info("cache=auto: %s split decodes to %.0f MB: %s", split, decoded / 1e6,
-             "kept in memory" if fits else "read from the shards each epoch")  # fmt: skip
+    log.info(
+        "cache=auto: %s split decodes to %.0f MB: %s",
+        split,
+        decoded / 1e6,
+        "kept in memory" if fits else "read from the shards each epoch",
+    )
     return "" if fits else None
 
 
@@ -278,10 +282,17 @@ def _shard_reader(tf, files, counts, skip_corrupt, corrupt):
                 check = [
                     tf.debugging.Assert(
                         tf.logical_or(tf.logical_not(is_end), tf.equal(seen, want)),
-                        ["chute: shard", path, "is corrupt, truncated or missing: read", seen,
-                         "of", want, "records. Run `chute verify`, or pass skip_corrupt=True"],
+                        [
+                            "chute: shard",
+                            path,
+                            "is corrupt, truncated or missing: read",
+                            seen,
+                            "of",
+                            want,
+                            "records. Run `chute verify`, or pass skip_corrupt=True",
+                        ],
                     )
-                ]  # fmt: skip
+                ]
             with tf.control_dependencies(check):
                 size = tf.cast(tf.size(block), tf.int64) * tf.cast(tf.logical_not(is_end), tf.int64)
                 return seen + size, (block, is_end)
