@@ -58,6 +58,7 @@ def image_dataset_from_directory(
     crop_to_aspect_ratio=False,
     pad_to_aspect_ratio=False,
     data_format=None,
+    format="tf",
     verbose=True,
     *,
     skip_corrupt=False,
@@ -127,6 +128,35 @@ def image_dataset_from_directory(
     if crop_to_aspect_ratio and pad_to_aspect_ratio:
         raise ValueError(
             "Only one of `pad_to_aspect_ratio`, `crop_to_aspect_ratio` can be set to `True`."
+        )
+    if format not in ("tf", "grain"):
+        raise ValueError(f'`format` should be either "tf" or "grain". Received: format={format}')
+    if format == "grain":  # a different kind of dataset: Keras's own
+        if skip_corrupt or drop_remainder or cache is not None:
+            raise ValueError(
+                "skip_corrupt, drop_remainder and cache apply to format='tf' datasets only"
+            )
+        import keras
+
+        return keras.utils.image_dataset_from_directory(
+            directory,
+            labels,
+            label_mode,
+            class_names,
+            color_mode,
+            batch_size,
+            image_size,
+            shuffle,
+            seed,
+            validation_split,
+            subset,
+            interpolation,
+            follow_links,
+            crop_to_aspect_ratio,
+            pad_to_aspect_ratio,
+            data_format,
+            format,
+            verbose,
         )
     if cache is not None and not isinstance(cache, str):
         raise ValueError(f'`cache` must be None, "memory" or a file path. Received: cache={cache}')
@@ -247,7 +277,7 @@ class _Builder:
         if self.label_mode:
             label_ds = dataset_utils.labels_to_dataset_tf(labels, self.label_mode, self.num_classes)
             dataset = tf.data.Dataset.zip((dataset, label_ds))
-        if shuffle:
+        if shuffle and self.cache is None:
             # shuffling paths is cheap: the whole list, before anything is decoded
             dataset = dataset.shuffle(len(paths), seed=self.seed)
         load = self.load_image
@@ -257,7 +287,10 @@ class _Builder:
         if self.skip_corrupt:
             dataset = dataset.ignore_errors(log_warning=True)
         if self.cache is not None:
+            # decoded images are cached, and shuffled afresh every epoch after that
             dataset = dataset.cache("" if self.cache == "memory" else self.cache)
+            if shuffle:
+                dataset = dataset.shuffle(len(paths), seed=self.seed)
         if self.batch_size is not None:
             dataset = dataset.batch(self.batch_size, drop_remainder=self.drop_remainder)
         dataset = dataset.prefetch(tf.data.AUTOTUNE)

@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 
 LABEL_MODES = ("int", "categorical", "binary", None)
 DTYPES = ("uint8", "float32", "bfloat16")
-_PARSE_BATCH = 1024  # records parsed together when filling the cache
-_READ_BLOCK = 512  # records read from one shard at a time
+_SHUFFLE_BLOCK = 16  # records that travel together from a shard to a batch
+_COUNT_BLOCK = 1024  # records read (and counted) from a shard at a time
 
 
 def _memory_budget() -> int:
@@ -131,7 +131,9 @@ def load(
         )
     height, width = size or (spec["height"], spec["width"])
     channels, encoding = spec["channels"], spec["encoding"]
-    augmenter = _augmenter(augment, seed) if training else None
+    augmenter = _augmenter(augment, seed)  # checked in evaluation too
+    if not training:
+        augmenter = None  # never applied in evaluation
     cache_target = _cache_target(cache, manifest, split, spec)
 
     files = manifest.shard_paths(split)
@@ -148,55 +150,60 @@ def load(
     if num_examples == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
 
-    corrupt = tf.Variable(0, dtype=tf.int64, trainable=False, name="chute_corrupt_records")
+    counters = {
+        name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f"chute_{name}")
+        for name in ("corrupt", "started", "decoded")
+    }
     record_sharded = pipelines > 1 and not by_file
     # Evaluation, a seed, or sharding by record (every pipeline must see one order)
     # fix the order; otherwise a slow file must not hold the others up.
     deterministic = not training or seed is not None or record_sharded
+    moving = training and not record_sharded  # new shard order and block boundaries each epoch
     file_ids = tf.data.Dataset.range(len(files))
-    if training and record_sharded:
-        # every pipeline must see the same record order to split it by record
-        file_ids = file_ids.shuffle(len(files), seed=seed if seed is not None else 0)
-    elif training:
+    if moving:
         file_ids = file_ids.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    reader = _shard_reader(tf, files, counts, skip_corrupt, corrupt)
-    dataset = file_ids.interleave(
+        offsets = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        file_ids = tf.data.Dataset.zip(file_ids, offsets.map(lambda r: r % _SHUFFLE_BLOCK))
+    else:
+        file_ids = file_ids.map(lambda i: (i, tf.constant(0, tf.int64)))
+    reader = _shard_reader(tf, files, counts, skip_corrupt, counters["corrupt"])
+    blocks = file_ids.interleave(
         reader,
         cycle_length=min(len(files), 16),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic,
-    ).unbatch()
+    )
     if record_sharded:
-        dataset = dataset.shard(pipelines, index)
-    exact = tf.data.experimental.assert_cardinality(num_examples)
-    if not skip_corrupt:  # the manifest knows: Keras shows real step counts
-        dataset = dataset.apply(exact)
+        blocks = blocks.unbatch().shard(pipelines, index).batch(_SHUFFLE_BLOCK)
 
-    decode = _decoder(tf, manifest, encoding, height, width, channels, skip_corrupt, corrupt)
-    finish = _finisher(tf, manifest, dtype, label_mode, augmenter, (height, width, channels))
+    decode = _decoder(
+        tf, manifest, files, encoding, (height, width, channels), skip_corrupt, counters
+    )
+    # Training batches are all full (drop_remainder): say so in the static shape.
+    static_batch = batch_size if training and not skip_corrupt else None
+    finish = _finisher(
+        tf, manifest, dtype, label_mode, augmenter, (static_batch, height, width, channels)
+    )
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
-    if cache_target is not None and encoding == "raw":
-        # Raw records are their decoded pixels plus a few bytes: cache the
-        # records themselves (cheap to fill); every epoch still parses and
-        # decodes whole batches at a time, which costs little.
-        dataset = dataset.cache(cache_target)
-        if training:
-            dataset = dataset.shuffle(min(num_examples, 1 << 20), seed=seed)
-        batched = decode(dataset.batch(batch_size, drop_remainder=training), finish, **parallel)
-    elif cache_target is not None:
-        # PNG/JPEG: fill the cache with decoded images (decoded a block at a
-        # time); later epochs only shuffle and batch them.
-        dataset = decode(dataset.batch(_PARSE_BATCH), **parallel).unbatch()
-        if not skip_corrupt:
-            dataset = dataset.apply(exact)
-        dataset = dataset.cache(cache_target)
-        if training:
-            dataset = dataset.shuffle(min(num_examples, 1 << 20), seed=seed)
-        batched = dataset.batch(batch_size, drop_remainder=training).map(finish, **parallel)
+    if cache_target is not None and encoding != "raw":
+        # PNG/JPEG: cache decoded blocks, so later epochs skip decoding too.
+        blocks = decode(blocks, **parallel)
+    if cache_target is not None:
+        # Raw blocks are the pixels already (plus a few bytes): cached as they are.
+        blocks = blocks.cache(cache_target)
+    if training:
+        # Shuffle blocks of records: each shard was written in random order, and
+        # block boundaries move every epoch, so batches are random samples, at a
+        # fraction of the cost of moving every record through a shuffle buffer.
+        blocks = blocks.shuffle(max(1, shuffle_buffer // _SHUFFLE_BLOCK), seed=seed)
+    batched = blocks.rebatch(batch_size, drop_remainder=training)
+    if cache_target is not None and encoding != "raw":
+        batched = batched.map(finish, **parallel)
     else:
-        if training:
-            dataset = dataset.shuffle(min(num_examples, shuffle_buffer), seed=seed)
-        batched = decode(dataset.batch(batch_size, drop_remainder=training), finish, **parallel)
+        batched = decode(batched, finish, batch=batch_size, **parallel)
+    if not skip_corrupt:  # the manifest knows the size: Keras shows real step counts
+        steps = num_examples // batch_size if training else -(-num_examples // batch_size)
+        batched = batched.apply(tf.data.experimental.assert_cardinality(steps))
     if repeat and training:
         batched = batched.repeat()
     if pad_final_batch:
@@ -207,7 +214,9 @@ def load(
     batched.per_replica_batch_size = batch_size
     replicas = input_context.num_replicas_in_sync if input_context is not None else 1
     batched.global_batch_size = batch_size * replicas
-    batched.corrupt_count = lambda: int(corrupt.numpy())
+    batched.corrupt_count = lambda: int(
+        counters["corrupt"].numpy() + counters["started"].numpy() - counters["decoded"].numpy()
+    )
     return batched
 
 
@@ -255,7 +264,7 @@ def _cache_target(cache, manifest, split, spec) -> str | None:
 
 
 def _shard_reader(tf, files, counts, skip_corrupt, corrupt):
-    """``file index -> batches of its records``; a shard that fails its CRC, is
+    """``(file index, offset) -> blocks of (records, shard index)``; a shard that fails its CRC, is
     truncated or missing raises an error naming it (or, with skip_corrupt, ends
     there and counts what it lost).
 
@@ -265,11 +274,16 @@ def _shard_reader(tf, files, counts, skip_corrupt, corrupt):
     names = tf.constant(files)
     expected = tf.constant(counts, tf.int64)
 
-    def read(file_index):
+    def read(file_index, offset):
         path = names[file_index]
         want = expected[file_index]
-        records_ds = tf.data.TFRecordDataset(path).ignore_errors()  # stops at a bad record
-        tagged = records_ds.batch(_READ_BLOCK).map(lambda r: (r, False))
+        records_ds = tf.data.TFRecordDataset(path)
+        # Start ``offset`` records in and read those last: block boundaries move.
+        records_ds = records_ds.skip(offset).concatenate(records_ds.take(offset))
+        records_ds = records_ds.ignore_errors()  # a bad record ends the shard; counted below
+        # Counted in large batches (a check per small block costs more than the
+        # parsing), then cut into the small blocks that get shuffled.
+        tagged = records_ds.batch(_COUNT_BLOCK).map(lambda r: (r, False))
         end = tf.data.Dataset.from_tensors((tf.constant([b""]), True))
 
         def count(seen, element):
@@ -301,15 +315,27 @@ def _shard_reader(tf, files, counts, skip_corrupt, corrupt):
             tagged.concatenate(end)
             .scan(tf.constant(0, tf.int64), count)
             .filter(lambda block, is_end: tf.logical_not(is_end))
-            .map(lambda block, is_end: block)
+            # each record carries its shard's index, so a decode error can name it
+            .map(lambda block, is_end: (block, tf.fill(tf.shape(block), file_index)))
+            .rebatch(_SHUFFLE_BLOCK)
         )
 
     return read
 
 
-def _decoder(tf, manifest, encoding, height, width, channels, skip_corrupt, corrupt):
-    """``batched serialized records -> batched (uint8 images, int labels)``."""
+_SIGNATURES = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8"}
+
+
+def _decoder(tf, manifest, files, encoding, size, skip_corrupt, counters):
+    """``batches of (records, shard ids) -> batches of (uint8 images, int labels)``.
+
+    A record whose image does not match the manifest (wrong raw length, not a
+    PNG/JPEG) raises an error naming its shard, or with ``skip_corrupt`` is
+    dropped and counted.
+    """
+    height, width, channels = size
     stored_h, stored_w = manifest.image["height"], manifest.image["width"]
+    names = tf.constant(files)
     features = {
         records.IMAGE: tf.io.FixedLenFeature([], tf.string),
         records.CLASS: tf.io.FixedLenFeature([], tf.int64),
@@ -318,59 +344,79 @@ def _decoder(tf, manifest, encoding, height, width, channels, skip_corrupt, corr
     def decode_one(data):
         if encoding == "png":
             image = tf.io.decode_png(data, channels=channels)
-        elif encoding == "jpeg":
-            image = tf.io.decode_jpeg(data, channels=channels)
         else:
-            image = tf.reshape(tf.io.decode_raw(data, tf.uint8), [stored_h, stored_w, channels])
+            image = tf.io.decode_jpeg(data, channels=channels)
         if stored_h is None or (stored_h, stored_w) != (height, width):
             image = tf.cast(tf.round(tf.image.resize(image, (height, width))), tf.uint8)
         return tf.ensure_shape(image, (height, width, channels))
 
-    def raw_batch(batch):
-        # one vectorised parse and one decode_raw for the whole batch
+    def checked(batch, shard_ids):
+        """Parses a batch; keeps (or insists on) records whose image looks right."""
         parsed = tf.io.parse_example(batch, features)
-        data = parsed[records.IMAGE]
-        want = stored_h * stored_w * channels
-        lengths_ok = tf.equal(tf.strings.length(data), want)
-        if skip_corrupt:
-            corrupt.assign_add(tf.reduce_sum(tf.cast(tf.logical_not(lengths_ok), tf.int64)))
-            data = tf.boolean_mask(data, lengths_ok)
-            labels = tf.boolean_mask(parsed[records.CLASS], lengths_ok)
+        data, labels = parsed[records.IMAGE], parsed[records.CLASS]
+        if encoding == "raw":
+            ok = tf.equal(tf.strings.length(data), stored_h * stored_w * channels)
+            problem = "have raw images of the wrong length"
         else:
-            labels = parsed[records.CLASS]
-            tf.debugging.assert_equal(
-                lengths_ok, True, message="chute: a record's raw image has the wrong length"
-            )
+            signature = _SIGNATURES[encoding]
+            ok = tf.equal(tf.strings.substr(data, 0, len(signature)), signature)
+            problem = f"are not {encoding.upper()} images"
+        if skip_corrupt:
+            counters["corrupt"].assign_add(tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64)))
+            return tf.boolean_mask(data, ok), tf.boolean_mask(labels, ok)
+        first_bad = tf.argmin(tf.cast(ok, tf.int32))
+        check = tf.debugging.Assert(
+            tf.reduce_all(ok),
+            ["chute: records in shard", names[shard_ids[first_bad]], problem,
+             "(run `chute verify`, or pass skip_corrupt=True)"],
+        )  # fmt: skip
+        with tf.control_dependencies([check]):
+            return tf.identity(data), labels
+
+    def raw_batch(batch, shard_ids):
+        # one vectorised parse and one decode_raw for the whole batch
+        data, labels = checked(batch, shard_ids)
         images = tf.reshape(tf.io.decode_raw(data, tf.uint8), [-1, stored_h, stored_w, channels])
         if (stored_h, stored_w) != (height, width):
             images = tf.cast(tf.round(tf.image.resize(images, (height, width))), tf.uint8)
         return images, labels
 
-    def compressed_batch(batch):
-        parsed = tf.io.parse_example(batch, features)
+    def compressed_batch(batch, shard_ids):
+        data, labels = checked(batch, shard_ids)
         images = tf.map_fn(
             decode_one,
-            parsed[records.IMAGE],
+            data,
             fn_output_signature=tf.TensorSpec((height, width, channels), tf.uint8),
             parallel_iterations=16,
         )
-        return images, parsed[records.CLASS]
+        return images, labels
 
-    def apply(dataset, then=None, **parallel):
+    def count(name):
+        def add(image, label):
+            with tf.control_dependencies([counters[name].assign_add(1)]):
+                return tf.identity(image), label
+
+        return add
+
+    def apply(dataset, then=None, batch=_SHUFFLE_BLOCK, **parallel):
         """Decodes batches of records; ``then`` (the finisher) runs in the same map."""
         fused = then or (lambda images, labels: (images, labels))
         if encoding == "raw" and stored_h is not None:
-            return dataset.map(lambda batch: fused(*raw_batch(batch)), **parallel)
+            return dataset.map(lambda b, ids: fused(*raw_batch(b, ids)), **parallel)
         if skip_corrupt:
-            # decoders take one image: decode per record so a bad one can be dropped
-            def one(record):
-                parsed = tf.io.parse_single_example(record, features)
-                return decode_one(parsed[records.IMAGE]), parsed[records.CLASS]
-
-            size = dataset.element_spec.shape[0] or _PARSE_BATCH
-            decoded = dataset.unbatch().map(one, **parallel).ignore_errors().batch(size)
+            # Decoders take one image: decode per record, so a bad one can be
+            # dropped; started - decoded counts the drops.
+            decoded = (
+                dataset.map(checked, **parallel)
+                .unbatch()
+                .map(count("started"))
+                .map(lambda data, label: (decode_one(data), label), **parallel)
+                .ignore_errors()
+                .map(count("decoded"))
+                .batch(batch)
+            )
             return decoded.map(fused, **parallel) if then else decoded
-        return dataset.map(lambda batch: fused(*compressed_batch(batch)), **parallel)
+        return dataset.map(lambda b, ids: fused(*compressed_batch(b, ids)), **parallel)
 
     return apply
 
@@ -414,7 +460,8 @@ def _finisher(tf, manifest, dtype, label_mode, augmenter, shape):
         if augmenter is not None:
             images = augmenter(tf.cast(images, tf.float32), training=True)
             images = tf.cast(tf.clip_by_value(tf.round(images), 0, 255), tf.uint8)
-        images = tf.ensure_shape(images, (None, *shape))
+        images = tf.ensure_shape(images, shape)
+        labels = tf.ensure_shape(labels, shape[:1])
         if dtype != "uint8":
             images = tf.cast(images, tf.float32) / 255.0
             if dtype == "bfloat16":
