@@ -204,7 +204,7 @@ def load(
     if cache_target is not None and encoding != "raw":
         batched = batched.map(finish, **parallel)
     else:
-        batched = decode(batched, finish, batch=batch_size, **parallel)
+        batched = decode(batched, finish, batch=batch_size, drop_remainder=training, **parallel)
     if not skip_corrupt:  # the manifest knows the size: Keras shows real step counts
         steps = num_examples // batch_size if training else -(-num_examples // batch_size)
         batched = batched.apply(tf.data.experimental.assert_cardinality(steps))
@@ -387,16 +387,6 @@ def _decoder(tf, manifest, files, encoding, size, skip_corrupt, counters):
             images = tf.cast(tf.round(tf.image.resize(images, (height, width))), tf.uint8)
         return images, labels
 
-    def compressed_batch(batch, shard_ids):
-        data, labels = checked(batch, shard_ids)
-        images = tf.map_fn(
-            decode_one,
-            data,
-            fn_output_signature=tf.TensorSpec((height, width, channels), tf.uint8),
-            parallel_iterations=16,
-        )
-        return images, labels
-
     def count(name):
         def add(image, label):
             with tf.control_dependencies([counters[name].assign_add(1)]):
@@ -404,25 +394,22 @@ def _decoder(tf, manifest, files, encoding, size, skip_corrupt, counters):
 
         return add
 
-    def apply(dataset, then=None, batch=_SHUFFLE_BLOCK, **parallel):
+    def apply(dataset, then=None, batch=_SHUFFLE_BLOCK, drop_remainder=False, **parallel):
         """Decodes batches of records; ``then`` (the finisher) runs in the same map."""
         fused = then or (lambda images, labels: (images, labels))
         if encoding == "raw" and stored_h is not None:
             return dataset.map(lambda b, ids: fused(*raw_batch(b, ids)), **parallel)
-        if skip_corrupt:
-            # Decoders take one image: decode per record, so a bad one can be
-            # dropped; started - decoded counts the drops.
-            decoded = (
-                dataset.map(checked, **parallel)
-                .unbatch()
-                .map(count("started"))
-                .map(lambda data, label: (decode_one(data), label), **parallel)
-                .ignore_errors()
-                .map(count("decoded"))
-                .batch(batch)
-            )
-            return decoded.map(fused, **parallel) if then else decoded
-        return dataset.map(lambda b, ids: fused(*compressed_batch(b, ids)), **parallel)
+        # PNG/JPEG decoders take one image: check a batch at once, then decode
+        # each image in a parallel map (cheaper than a loop inside each batch).
+        records_ds = dataset.map(checked, **parallel).unbatch()
+        one = lambda data, label: (decode_one(data), label)  # noqa: E731
+        if skip_corrupt:  # a bad image is dropped; started - decoded counts the drops
+            records_ds = records_ds.map(count("started")).map(one, **parallel)
+            records_ds = records_ds.ignore_errors().map(count("decoded"))
+        else:
+            records_ds = records_ds.map(one, **parallel)
+        decoded = records_ds.batch(batch, drop_remainder=drop_remainder)
+        return decoded.map(fused, **parallel) if then else decoded
 
     return apply
 
