@@ -293,6 +293,8 @@ class _Builder:
                 dataset = dataset.shuffle(len(paths), seed=self.seed)
         if self.batch_size is not None:
             dataset = dataset.batch(self.batch_size, drop_remainder=self.drop_remainder)
-        dataset = dataset.prefetch(tf.data.AUTOTUNE)
+        options = tf.data.Options()
+        options.experimental_optimization.parallel_batch = True  # batches copied in parallel
+        dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
         dataset.file_paths = list(paths)
         return dataset
