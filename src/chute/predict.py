@@ -1,0 +1,344 @@
+"""Classify image files with a model bundle, on the CPU.
+
+The "train on a TPU, recognise on a CPU" case: whatever the model was trained
+on, prediction runs on the CPU. Each image goes through the same steps
+``chute convert`` applied to the training images (EXIF orientation,
+:func:`chute.encode.to_channels`, :func:`chute.encode.resize` with the
+bundle's mode and interpolation) and reaches the model as uint8 pixels, as
+training batches did. A file that cannot be read is reported, not fatal.
+
+Example:
+    >>> result = predict("runs/kn", ["new/", "more/*.png"], top_k=3)  # doctest: +SKIP
+    >>> result.predictions[0].top  # doctest: +SKIP
+    [('ka', 0.91), ('kha', 0.05), ('ga', 0.01)]
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import glob
+import io
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from chute import encode, storage
+from chute.bundle import Bundle, load_bundle
+from chute.errors import ChuteError
+from chute.options import DEFAULT_MAX_PIXELS
+from chute.sources import IMAGE_EXTENSIONS
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOP_K = 5
+_PATTERN_CHARS = frozenset("*?[")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The top classes of one image, most probable first.
+
+    Example:
+        >>> Prediction("x.png", [("ka", 0.9), ("ga", 0.1)]).class_name
+        'ka'
+    """
+
+    path: str
+    top: list[tuple[str, float]]
+
+    @property
+    def class_name(self) -> str:
+        """The most probable class."""
+        return self.top[0][0]
+
+    @property
+    def probability(self) -> float:
+        """The probability of the most probable class."""
+        return self.top[0][1]
+
+
+@dataclasses.dataclass
+class PredictResult:
+    """What :func:`predict` found: predictions, and files it could not use.
+
+    Example:
+        >>> result = PredictResult([Prediction("x.png", [("ka", 0.75)])], [("y.jpg", "empty")])
+        >>> print(result.to_csv(), end="")
+        path,rank,class,probability
+        x.png,1,ka,0.75
+    """
+
+    predictions: list[Prediction]
+    failures: list[tuple[str, str]]  # (path, reason)
+
+    def to_json(self) -> str:
+        """Predictions and failures as JSON (``{"predictions": [...], "failures": [...]}``)."""
+        body = {
+            "predictions": [
+                {
+                    "path": p.path,
+                    "top": [{"class": name, "probability": prob} for name, prob in p.top],
+                }
+                for p in self.predictions
+            ],
+            "failures": [{"path": path, "reason": reason} for path, reason in self.failures],
+        }
+        return json.dumps(body, indent=1, ensure_ascii=False) + "\n"
+
+    def to_csv(self) -> str:
+        """One row per image and rank: ``path,rank,class,probability`` (failures left out)."""
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(["path", "rank", "class", "probability"])
+        for p in self.predictions:
+            for rank, (name, prob) in enumerate(p.top, start=1):
+                writer.writerow([p.path, rank, name, repr(prob)])
+        return buffer.getvalue()
+
+
+def predict(
+    model_path: str | os.PathLike | Bundle,
+    images: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    top_k: int | None = None,
+    batch_size: int = 32,
+) -> PredictResult:
+    """Classifies image files with a model bundle, on the CPU.
+
+    Args:
+        model_path: a bundle folder, its ``chute.json``, a training run folder
+            holding ``bundle/``, or an already loaded :class:`~chute.bundle.Bundle`.
+        images: files, folders (every image file inside, recursively, sorted,
+            hidden entries skipped) and glob patterns. A file named
+            explicitly is tried whatever its extension.
+        top_k: how many classes to report per image, 1 to the number of
+            classes; ``None`` means 5, or every class when there are fewer.
+        batch_size: images per model call.
+
+    Returns:
+        A :class:`PredictResult`: one :class:`Prediction` per readable image,
+        in input order, and ``(path, reason)`` for every input that gave none.
+
+    Raises:
+        ChuteError: a bad argument, no bundle at ``model_path``, or no image
+            file found at all.
+
+    Example:
+        >>> result = predict("runs/kn/bundle", "test.png", top_k=1)  # doctest: +SKIP
+        >>> result.predictions[0].class_name  # doctest: +SKIP
+        'ka'
+    """
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+        raise ChuteError(f"`top_k` must be a positive integer. Received: top_k={top_k!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ChuteError(
+            f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}"
+        )
+    entries = _entries(images)
+    bundle = model_path if isinstance(model_path, Bundle) else load_bundle(model_path)
+    if top_k is None:
+        top_k = min(DEFAULT_TOP_K, bundle.num_classes)
+    if not 1 <= top_k <= bundle.num_classes:
+        raise ChuteError(
+            f"`top_k` must be from 1 to the number of classes ({bundle.num_classes}). "
+            f"Received: top_k={top_k!r}"
+        )
+    files, failures = _expand(entries)
+    if not files:
+        missing = "; ".join(f"{path}: {reason}" for path, reason in failures)
+        raise ChuteError(
+            f"`images` must name image files, folders holding images or glob patterns "
+            f"matching some; none was found ({missing}). Received: images={entries!r}"
+        )
+
+    import tensorflow as tf
+
+    pixels: list[np.ndarray] = []
+    paths: list[str] = []
+    for path in files:
+        try:
+            pixels.append(prepare_image(path, bundle))
+            paths.append(path)
+        except encode.Rejected as reason:
+            failures.append((path, str(reason)))
+    if not pixels:
+        log.warning("none of the %d files found could be read as an image", len(files))
+        return PredictResult([], _in_order(failures, entries, files))
+
+    # The CPU, whatever the model was trained on: a bundle from a TPU or GPU
+    # run must classify images on a machine that has neither.
+    with tf.device("/cpu:0"):
+        model = bundle.model
+        outputs = []
+        size = min(batch_size, len(pixels))
+        for start in range(0, len(pixels), size):
+            chunk = np.stack(pixels[start : start + size])
+            if len(chunk) < size:  # one batch shape: the predict function is traced once
+                padding = np.zeros((size - len(chunk), *chunk.shape[1:]), np.uint8)
+                chunk = np.concatenate([chunk, padding])
+            out = np.asarray(model.predict_on_batch(chunk), np.float64)
+            outputs.append(out[: min(size, len(pixels) - start)])
+    probs = np.concatenate(outputs)
+    if probs.ndim != 2 or probs.shape[1] != bundle.num_classes:
+        raise ChuteError(
+            f"The model at {bundle.location!r} outputs shape {probs.shape[1:]}, but its "
+            f"bundle names {bundle.num_classes} classes"
+        )
+    if (probs < -1e-6).any() or (probs > 1 + 1e-6).any():
+        log.info("the model outputs logits, not probabilities: applying softmax")
+        probs = np.exp(probs - probs.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+    predictions = []
+    for path, row in zip(paths, probs, strict=True):
+        order = np.argsort(-row, kind="stable")[:top_k]
+        top = [(bundle.class_names[i], float(row[i])) for i in order]
+        predictions.append(Prediction(path, top))
+    log.info("classified %d images, %d failures", len(predictions), len(failures))
+    return PredictResult(predictions, _in_order(failures, entries, files))
+
+
+def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
+    """An image as the model's training data looked: ``(height, width, channels)`` uint8.
+
+    Args:
+        source: a path (local or TF filesystem), the file's bytes, or a Pillow image.
+        bundle: gives the size, channels, resize mode and interpolation.
+
+    Raises:
+        chute.encode.Rejected: the file cannot be read or decoded (the message says why).
+
+    Example:
+        >>> prepare_image("photo.jpg", load_bundle("runs/kn")).shape  # doctest: +SKIP
+        (75, 75, 1)
+    """
+    from PIL import Image, ImageOps
+
+    if isinstance(source, Image.Image):
+        image = source
+    else:
+        if isinstance(source, bytes):
+            data = source
+        else:
+            try:
+                data = storage.read_bytes(os.fspath(source))
+            except OSError as error:
+                raise encode.Rejected(f"cannot read file: {error.strerror or error}") from None
+        if not data:
+            raise encode.Rejected("empty file (0 bytes)")
+        try:
+            image = Image.open(io.BytesIO(data))
+        except Exception:  # any header Pillow rejects
+            raise encode.Rejected("not an image Pillow can identify") from None
+        width, height = image.size
+        if width * height > DEFAULT_MAX_PIXELS:
+            raise encode.Rejected(
+                f"too many pixels: {width}x{height} > max_pixels {DEFAULT_MAX_PIXELS}"
+            )
+        try:
+            image.load()  # full decode: truncated and corrupt data fail here
+        except Exception as error:  # untrusted bytes: any decoder failure is a bad file
+            raise encode.Rejected(f"corrupt or truncated image data: {error}") from None
+    try:
+        image = ImageOps.exif_transpose(image)
+        channels = bundle.image["channels"]
+        pixels = np.asarray(encode.to_channels(image, channels))
+        pixels = encode.resize(
+            pixels,
+            bundle.image["height"],
+            bundle.image["width"],
+            bundle.preprocessing["resize"],
+            bundle.preprocessing["interpolation"],
+        )
+    except Exception as error:
+        raise encode.Rejected(f"cannot convert image: {error}") from None
+    return pixels.reshape(*pixels.shape[:2], channels)
+
+
+def _entries(images: Any) -> list[str]:
+    if isinstance(images, str | os.PathLike):
+        images = [images]
+    try:
+        entries = [os.fspath(e) for e in images]
+    except TypeError:
+        raise ChuteError(
+            "`images` must be a path or a list of files, folders and glob patterns. "
+            f"Received: images={images!r}"
+        ) from None
+    if not entries:
+        raise ChuteError(
+            "`images` must name at least one file, folder or glob pattern. Received: images=[]"
+        )
+    return entries
+
+
+def _expand(entries: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Files to classify (first occurrence kept) and entries that named none."""
+    fs = storage.gfile()
+    found: dict[str, None] = {}
+    failures = []
+    for entry in entries:
+        if fs.isdir(entry):
+            files = _walk(entry)
+            if not files:
+                failures.append((entry, _no_images(entry)))
+        elif fs.exists(entry):
+            files = [entry]
+        elif _PATTERN_CHARS & set(entry):
+            files = []
+            for match in _glob(entry):
+                files.extend(_walk(match) if fs.isdir(match) else [match])
+            if not files:
+                failures.append((entry, "no image file matches this pattern"))
+        else:
+            files = []
+            failures.append((entry, "no such file or folder"))
+        found.update(dict.fromkeys(files))
+    return list(found), failures
+
+
+def _no_images(folder: str) -> str:
+    return f"no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in this folder"
+
+
+def _glob(pattern: str) -> list[str]:
+    if storage.is_local(pattern):
+        return sorted(glob.glob(storage.local_path(pattern), recursive=True))
+    return sorted(storage.gfile().glob(pattern))
+
+
+def _walk(folder: str) -> list[str]:
+    """Image files under ``folder``, recursively, sorted; hidden entries skipped."""
+    out = []
+    if storage.is_local(folder):
+        seen = set()
+        for root, dirs, names in os.walk(storage.local_path(folder), followlinks=True):
+            real = os.path.realpath(root)
+            if real in seen:  # a symlink loop
+                dirs[:] = []
+                continue
+            seen.add(real)
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            out.extend(os.path.join(root, n) for n in names if _is_image(n))
+    else:
+        for root, dirs, names in storage.gfile().walk(folder):
+            dirs[:] = [d for d in dirs if not d.rstrip("/").startswith(".")]
+            out.extend(storage.join(root, n) for n in names if _is_image(n))
+    return sorted(out)
+
+
+def _is_image(name: str) -> bool:
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def _in_order(
+    failures: list[tuple[str, str]], entries: list[str], files: list[str]
+) -> list[tuple[str, str]]:
+    """Failures in input order: unmatched entries first as given, then files as found."""
+    rank = {path: i for i, path in enumerate(entries)}
+    rank.update({path: len(entries) + i for i, path in enumerate(files)})
+    return sorted(failures, key=lambda f: rank.get(f[0], len(rank)))
