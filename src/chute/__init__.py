@@ -32,6 +32,15 @@ _EXPORTS = {
     "VerifyReport": "chute.verification",
     "make_sample_folder": "chute.samples",
     "load": "chute.pipeline",
+    "auto_strategy": "chute.strategy",
+    "build_model": "chute.models",
+    "available_models": "chute.models",
+    "train": "chute.train",
+    "TrainConfig": "chute.train",
+    "evaluate": "chute.evaluation",
+    "predict": "chute.predict",
+    "export": "chute.export",
+    "load_bundle": "chute.bundle",
     "image_dataset_from_directory": "chute.dropin",
 }
 __all__ = [
@@ -39,26 +48,42 @@ __all__ = [
     "ConvertOptions",
     "ConvertResult",
     "Manifest",
+    "TrainConfig",
     "VerifyReport",
+    "auto_strategy",
+    "available_models",
+    "build_model",
     "convert",
+    "evaluate",
+    "export",
     "image_dataset_from_directory",
     "inspect",
     "load",
+    "load_bundle",
     "load_manifest",
     "make_sample_folder",
+    "predict",
+    "train",
     "verify",
 ]
 
 if TYPE_CHECKING:
+    from chute.bundle import load_bundle
     from chute.conversion import ConvertResult, convert
     from chute.describe import describe as inspect
     from chute.dropin import image_dataset_from_directory
     from chute.errors import ChuteError
+    from chute.evaluation import evaluate
+    from chute.export import export
     from chute.manifest import Manifest
     from chute.manifest import load as load_manifest
+    from chute.models import available_models, build_model
     from chute.options import ConvertOptions
     from chute.pipeline import load
+    from chute.predict import predict
     from chute.samples import make_sample_folder
+    from chute.strategy import auto_strategy
+    from chute.train import TrainConfig, train
     from chute.verification import VerifyReport, verify
 
 
