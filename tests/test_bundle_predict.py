@@ -27,8 +27,8 @@ import chute
 from chute import encode
 from chute.bundle import Bundle, load_bundle, save_bundle, spec_from_manifest
 from chute.errors import ChuteError
-from chute.export import export
-from chute.predict import Prediction, PredictResult, predict, prepare_image
+from chute.exporting import export
+from chute.prediction import Prediction, PredictResult, predict, prepare_image
 
 CLASSES = ["dark", "mid", "bright"]
 IMAGE = {"height": 8, "width": 8, "channels": 1}
@@ -410,7 +410,7 @@ def test_predict_in_a_fresh_process(bundle_dir: Path, images: Path):
     """The saved bundle is all a new process needs (the "reload on a CPU machine" case)."""
     code = (
         "import sys\n"
-        "from chute.predict import predict\n"
+        "from chute.prediction import predict\n"
         "print(predict(sys.argv[1], sys.argv[2:], top_k=3).to_json())\n"
     )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}

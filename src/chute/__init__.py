@@ -35,11 +35,11 @@ _EXPORTS = {
     "auto_strategy": "chute.strategy",
     "build_model": "chute.models",
     "available_models": "chute.models",
-    "train": "chute.train",
-    "TrainConfig": "chute.train",
+    "train": "chute.training",
+    "TrainConfig": "chute.training",
     "evaluate": "chute.evaluation",
-    "predict": "chute.predict",
-    "export": "chute.export",
+    "predict": "chute.prediction",
+    "export": "chute.exporting",
     "load_bundle": "chute.bundle",
     "image_dataset_from_directory": "chute.dropin",
 }
@@ -74,16 +74,16 @@ if TYPE_CHECKING:
     from chute.dropin import image_dataset_from_directory
     from chute.errors import ChuteError
     from chute.evaluation import evaluate
-    from chute.export import export
+    from chute.exporting import export
     from chute.manifest import Manifest
     from chute.manifest import load as load_manifest
     from chute.models import available_models, build_model
     from chute.options import ConvertOptions
     from chute.pipeline import load
-    from chute.predict import predict
+    from chute.prediction import predict
     from chute.samples import make_sample_folder
     from chute.strategy import auto_strategy
-    from chute.train import TrainConfig, train
+    from chute.training import TrainConfig, train
     from chute.verification import VerifyReport, verify
 
 

@@ -95,6 +95,50 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("path", metavar="OUT")
     verify.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
+    train = commands.add_parser("train", help="train a Keras model on converted shards")
+    train.add_argument("data", metavar="DATA", help="a folder written by chute convert")
+    train.add_argument("--run-dir", help="where the model and reports go (default: runs/MODEL)")
+    train.add_argument("--config", metavar="FILE.toml", help="options from a TOML file; flags win")
+    train.add_argument("--model", help="registry name (default: kannada-cnn)")
+    train.add_argument("--epochs", type=int)
+    train.add_argument("--batch-size", type=int, help="per replica (default: 128)")
+    train.add_argument("--optimizer", choices=("adam", "adamw", "sgd", "rmsprop"))
+    train.add_argument("--learning-rate", type=float)
+    train.add_argument("--schedule", choices=("constant", "cosine", "exponential"))
+    train.add_argument("--label-smoothing", type=float)
+    train.add_argument("--class-weights", choices=("balanced",))
+    train.add_argument("--steps-per-execution", type=int)
+    train.add_argument("--early-stopping", type=int, metavar="PATIENCE")
+    train.add_argument("--strategy", choices=("auto", "tpu", "gpu", "cpu", "multiworker"))
+    train.add_argument("--tpu", metavar="ADDRESS")
+    train.add_argument(
+        "--precision", choices=("auto", "float32", "mixed_float16", "mixed_bfloat16")
+    )
+    train.add_argument("--augment", help="comma-separated: flip,rotation,zoom,translation,...")
+    train.add_argument("--weights", metavar="FILE", help="local weights file for the model")
+    train.add_argument("--seed", type=int)
+    train.add_argument("--overwrite", action="store_true", help="train again in a finished run_dir")
+
+    evaluate = commands.add_parser("evaluate", help="loss, accuracy, top-5, per-class, confusion")
+    evaluate.add_argument("model", metavar="RUN_OR_MODEL")
+    evaluate.add_argument("data", metavar="DATA")
+    evaluate.add_argument("--split", default="val")
+    evaluate.add_argument("--out", metavar="DIR", help="write the reports here (default: none)")
+
+    predict = commands.add_parser("predict", help="classify image files (on the CPU)")
+    predict.add_argument("model", metavar="MODEL", help="a run folder or model bundle")
+    predict.add_argument("images", metavar="IMAGES", nargs="+", help="files, folders, globs")
+    predict.add_argument("--top-k", type=int, help="classes shown (default: 5 or all)")
+    output = predict.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true")
+    output.add_argument("--csv", action="store_true")
+
+    export = commands.add_parser("export", help="write a model for TF Serving or reloading")
+    export.add_argument("run", metavar="RUN")
+    export.add_argument("--format", choices=("savedmodel", "keras"), default="savedmodel")
+    export.add_argument("--output", required=True, metavar="DIR")
+    export.add_argument("--overwrite", action="store_true")
+
     bench = commands.add_parser(
         "bench", help="time chute.load against Keras's loaders on the same images"
     )
@@ -117,6 +161,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--classes", type=int, default=24, help="glyph classes (default 24)")
     demo.add_argument("--per-class", type=int, default=60, help="images per class (default 60)")
+    demo.add_argument(
+        "--epochs", type=int, default=8, help="training epochs, 0 to skip (default 8)"
+    )
     return parser
 
 
@@ -228,6 +275,80 @@ def _verify(args: argparse.Namespace) -> int:
     return 1
 
 
+def _train(args: argparse.Namespace) -> int:
+    from chute.training import TrainConfig, train
+
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    flags = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if isinstance(flags.get("augment"), str):
+        flags["augment"] = tuple(a.strip() for a in flags["augment"].split(",") if a.strip())
+    config = TrainConfig.from_toml(args.config, **flags) if args.config else TrainConfig(**flags)
+    run_dir = args.run_dir or os.path.join("runs", config.model)
+    result = train(args.data, run_dir, config=config, overwrite=args.overwrite)
+    best = (
+        "n/a (no val split)"
+        if result.best_val_accuracy is None
+        else f"{result.best_val_accuracy:.4f}"
+    )
+    print(f"trained {config.model} on {args.data} -> {result.run_dir}")
+    print(
+        f"  best val accuracy {best}; {result.epochs_run} epoch(s), "
+        f"{result.seconds_per_epoch:.1f} s/epoch, {result.images_per_second:,.0f} images/s"
+    )
+    print(
+        f"  {result.strategy}: {result.replicas} replica(s), global batch "
+        f"{result.global_batch_size} = {config.batch_size} x {result.replicas}, {result.precision}"
+    )
+    if result.resumed:
+        print("  resumed an interrupted run")
+    print(f"  model bundle: {result.bundle}")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from chute.evaluation import evaluate
+
+    report = evaluate(args.model, args.data, split=args.split, out_dir=args.out)
+    print(
+        f"{args.split}: {report.examples} images, loss {report.loss:.4f}, "
+        f"accuracy {report.accuracy:.4f}, top-5 {report.top5:.4f}"
+    )
+    worst = sorted(
+        (c for c in report.per_class if c["accuracy"] is not None), key=lambda c: c["accuracy"]
+    )[:5]
+    print("weakest classes: " + ", ".join(f"{c['class']} {c['accuracy']:.2f}" for c in worst))
+    for true, predicted, times in report.most_confused(5):
+        print(f"  {true} taken for {predicted} x{times}")
+    if args.out:
+        print(f"reports in {args.out}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from chute.prediction import predict
+
+    result = predict(args.model, args.images, top_k=args.top_k)
+    if args.json:
+        print(result.to_json())
+    elif args.csv:
+        print(result.to_csv(), end="")
+    else:
+        for item in result.predictions:
+            top = ", ".join(f"{name} {p:.3f}" for name, p in item.top)
+            print(f"{item.path}: {top}")
+    for path, reason in result.failures:
+        print(f"could not classify {path}: {reason}", file=sys.stderr)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from chute.exporting import export
+
+    path = export(args.run, args.output, format=args.format, overwrite=args.overwrite)
+    print(f"exported ({args.format}) to {path}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from chute.bench import run, table
 
@@ -268,6 +389,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "convert": _convert,
         "inspect": _inspect,
         "verify": _verify,
+        "train": _train,
+        "evaluate": _evaluate,
+        "predict": _predict,
+        "export": _export,
         "bench": _bench,
         "demo": _demo,
     }[args.command]

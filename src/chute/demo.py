@@ -19,6 +19,7 @@ def run(
     *,
     num_classes: int = 24,
     images_per_class: int = 60,
+    epochs: int = 8,
     say: Callable[[str], None] = lambda line: None,
 ) -> dict[str, str]:
     """Runs the demo in ``directory``; returns where each artefact went.
@@ -31,7 +32,7 @@ def run(
     shards = storage.join(directory, "shards")
     grid = storage.join(directory, "grid.png")
     if not os.path.isdir(images):
-        say(f"1/4 drawing {num_classes} classes x {images_per_class} glyph images into {images}")
+        say(f"1/6 drawing {num_classes} classes x {images_per_class} glyph images into {images}")
         samples.make_sample_folder(
             images,
             num_classes=num_classes,
@@ -40,8 +41,8 @@ def run(
             workers=min(4, os.cpu_count() or 1),
         )
     else:
-        say(f"1/4 using the sample images already in {images}")
-    say(f"2/4 converting to {shards} (32x32 grayscale, 10% validation)")
+        say(f"1/6 using the sample images already in {images}")
+    say(f"2/6 converting to {shards} (32x32 grayscale, 10% validation)")
     result = conversion.convert(
         images, shards, image_size=32, color_mode="grayscale", val_fraction=0.1, overwrite=True
     )
@@ -50,13 +51,60 @@ def run(
         + ", ".join(f"{k}: {v} images" for k, v in result.num_written.items())
         + f" in {result.seconds:.1f} s"
     )
-    say("3/4 inspecting")
+    say("3/6 inspecting")
     say(describe.describe(shards))
     report.draw_grid(shards, grid, per_class=10, max_classes=12)
     say(f"    sample grid: {grid}")
-    say("4/4 verifying every shard")
+    say("4/6 verifying every shard")
     checked = verification.verify(shards)
     if not checked.ok:
         raise ChuteError(f"verify found problems: {checked.problems}")
     say(f"    ok: {checked.num_shards} shards, {checked.num_records} records match the manifest")
-    return {"images": images, "shards": shards, "grid": grid}
+    if not epochs:
+        return {"images": images, "shards": shards, "grid": grid}
+
+    from chute import prediction as predict_lib
+    from chute import training as train_lib
+
+    run_dir = storage.join(directory, "run")
+    say(f"5/6 training the kannada-cnn for {epochs} epochs on the CPU into {run_dir}")
+    result = train_lib.train(
+        shards,
+        run_dir,
+        model="kannada-cnn",
+        epochs=epochs,
+        batch_size=32,
+        strategy="cpu",
+        precision="float32",
+        overwrite=True,
+        verbose=0,
+    )
+    say(
+        f"    best validation accuracy {result.best_val_accuracy:.3f} "
+        f"(chance: {1 / num_classes:.3f}); {result.seconds_per_epoch:.1f} s/epoch, "
+        f"{result.images_per_second:,.0f} images/s"
+    )
+    held_out = storage.join(directory, "held-out")
+    samples.make_sample_folder(
+        held_out, num_classes=num_classes, images_per_class=1, image_size=(40, 40), seed=999
+    )
+    say(f"6/6 classifying held-out images (never seen in training) from {held_out}")
+    predictions = predict_lib.predict(run_dir, [held_out], top_k=1)
+    right = sum(
+        item.class_name == item.path.replace("\\", "/").rsplit("/", 2)[-2]
+        for item in predictions.predictions
+    )
+    for item in predictions.predictions[:6]:
+        truth = item.path.replace("\\", "/").rsplit("/", 2)[-2]
+        say(f"    {truth}: predicted {item.class_name} ({item.top[0][1]:.2f})")
+    say(f"    {right} of {len(predictions.predictions)} held-out images right")
+    return {
+        "images": images,
+        "shards": shards,
+        "grid": grid,
+        "run": run_dir,
+        "model bundle": result.bundle,
+        "curves": storage.join(run_dir, "curves.png"),
+        "confusion": storage.join(run_dir, "confusion-val.png"),
+        "held-out": held_out,
+    }

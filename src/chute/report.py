@@ -166,9 +166,106 @@ def draw_grid(
                 Image.Resampling.NEAREST,
             )
             grid.paste(image, (text_width + column * (cell + 2), top))
-    out_png = os.fspath(out_png)
+    return _save_png(grid, out_png)
+
+
+def _canvas(width: int, height: int):
+    image = Image.new("RGB", (width, height), "white")
+    return image, ImageDraw.Draw(image)
+
+
+def _save_png(image, path) -> str:
+    path = os.fspath(path)
     buffer = io.BytesIO()
-    grid.save(buffer, format="PNG")
-    with storage.gfile().GFile(out_png, "wb") as handle:
+    image.save(buffer, format="PNG")
+    with storage.gfile().GFile(path, "wb") as handle:
         handle.write(buffer.getvalue())
-    return out_png
+    return path
+
+
+def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> str:
+    """Training curves: loss and accuracy per epoch, training and validation.
+
+    Example:
+        >>> draw_curves({"loss": [1.0, 0.5]}, "curves.png")  # doctest: +SKIP
+        'curves.png'
+    """
+    panels = [name for name in ("loss", "accuracy", "top5") if history.get(name)]
+    width, height, margin = 420, 300, 40
+    image, draw = _canvas(width * max(1, len(panels)), height)
+    font = _font(None)
+    for index, name in enumerate(panels):
+        left = index * width
+        series = {"train": history.get(name, []), "val": history.get(f"val_{name}", [])}
+        values = [v for s in series.values() for v in s]
+        low, high = min(values), max(values)
+        span = (high - low) or 1.0
+        epochs = max(len(s) for s in series.values())
+        box = (left + margin, margin, left + width - 15, height - margin)
+        draw.rectangle(box, outline="black")
+        draw.text((left + margin, 10), f"{name} per epoch", fill="black", font=font)
+        draw.text((left + 5, margin), f"{high:.3g}", fill="black", font=font)
+        draw.text((left + 5, height - margin - 14), f"{low:.3g}", fill="black", font=font)
+        for colour, (label, points) in zip(("#1f77b4", "#d62728"), series.items(), strict=True):
+            if not points:
+                continue
+            xy = [
+                (
+                    box[0] + (box[2] - box[0]) * (i / max(1, epochs - 1)),
+                    box[3] - (box[3] - box[1]) * ((v - low) / span),
+                )
+                for i, v in enumerate(points)
+            ]
+            if len(xy) > 1:
+                draw.line(xy, fill=colour, width=2)
+            for x, y in xy:
+                draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=colour)
+            legend_y = height - margin + 8 + (14 if label == "val" else 0)
+            draw.text((left + margin, legend_y), label, fill=colour, font=font)
+    return _save_png(image, out_png)
+
+
+def draw_confusion(report, out_png: str | os.PathLike, *, max_classes: int = 30) -> str:
+    """The confusion matrix as a heat map; with many classes, the most confused pairs.
+
+    ``report`` is a :class:`chute.evaluation.EvalReport`.
+    """
+    names, matrix = report.class_names, report.confusion
+    if len(names) > max_classes:
+        pairs = report.most_confused(25)
+        image, draw = _canvas(720, 40 + 20 * max(1, len(pairs)))
+        draw.text(
+            (10, 10),
+            f"most confused pairs ({report.split}): true -> predicted, times",
+            fill="black",
+            font=_font(None),
+        )
+        for row, (true, predicted, times) in enumerate(pairs):
+            text_true, font_true = caption(names.index(true), true)
+            text_pred, _ = caption(names.index(predicted), predicted)
+            draw.text(
+                (10, 34 + 20 * row),
+                f"{text_true}  ->  {text_pred}   x{times}",
+                fill="black",
+                font=font_true,
+            )
+        return _save_png(image, out_png)
+    cell, left, top = 22, 170, 30
+    size = len(names)
+    image, draw = _canvas(left + cell * size + 10, top + cell * size + 10)
+    peak = max(1, max(max(row) for row in matrix))
+    for i, row in enumerate(matrix):
+        text, font = caption(i, names[i])
+        draw.text((5, top + i * cell + cell / 2), text, fill="black", font=font, anchor="lm")
+        for j, count in enumerate(row):
+            shade = 255 - int(255 * count / peak)
+            colour = (shade, shade, 255) if i == j else (255, shade, shade)
+            x, y = left + j * cell, top + i * cell
+            draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=colour, outline="#dddddd")
+    draw.text(
+        (left, 8),
+        f"confusion ({report.split}): rows true, columns predicted",
+        fill="black",
+        font=_font(None),
+    )
+    return _save_png(image, out_png)

@@ -2,7 +2,7 @@
 
 ``savedmodel`` writes a TensorFlow SavedModel with Keras 3's ``model.export``:
 its ``serve`` endpoint (and ``serving_default`` signature) takes uint8 images
-``[batch, height, width, channels]``, prepared as :mod:`chute.predict`
+``[batch, height, width, channels]``, prepared as :mod:`chute.prediction`
 prepares them, and returns class probabilities (output ``output_0``).
 ``keras`` copies the bundle's ``model.keras``. Either way ``chute.json`` (class
 names, image spec, preprocessing) lands beside the model, last.

@@ -1,0 +1,409 @@
+"""``chute train``: a Keras model trained on converted shards, under any strategy.
+
+One flat function, :func:`train`, in the order things happen: pick the
+strategy and precision; build and compile the model inside the strategy's
+scope; stream the data with :func:`chute.load` at the global batch size
+(per-replica batch × replicas); fit with checkpoints (best and last),
+``BackupAndRestore`` (a killed run continues when the same command runs
+again), optional early stopping, a CSV log and TensorBoard logs; then write
+the run directory: the model bundle, history, curves, confusion, per-class
+accuracy and the effective config.
+
+Example:
+    >>> result = train("./kn-shards", "./runs/kn", model="kannada-cnn", epochs=5)  # doctest: +SKIP
+    >>> result.best_val_accuracy  # doctest: +SKIP
+    0.97
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from chute import manifest as manifest_lib
+from chute import storage
+from chute.errors import ChuteError
+from chute.options import bad_value, one_of
+
+log = logging.getLogger(__name__)
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
+SCHEDULES = ("constant", "cosine", "exponential")
+CLASS_WEIGHTS = (None, "balanced")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on (flags, or a TOML file, fill it).
+
+    Attributes:
+        model: a registry name (see ``chute.models``).
+        epochs: passes over the training split.
+        batch_size: examples per step **per replica**.
+        optimizer: ``adam``, ``adamw``, ``sgd`` (momentum 0.9) or ``rmsprop``.
+        learning_rate: the initial learning rate.
+        schedule: ``constant``, ``cosine`` (decay to 0 over the run) or ``exponential``.
+        label_smoothing: 0 to 0.5.
+        class_weights: ``None`` or ``"balanced"`` (inverse class frequency).
+        steps_per_execution: steps per compiled call; default from the strategy.
+        early_stopping: stop after this many epochs without validation gain.
+        strategy: ``auto``, ``tpu``, ``gpu``, ``cpu`` or ``multiworker``.
+        tpu: a TPU name or address.
+        precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
+        augment: augmentation names for the training data (see ``chute.load``).
+        weights: a local weights file for the model.
+        seed: seeds Keras, the data order and augmentation.
+    """
+
+    model: str = "kannada-cnn"
+    epochs: int = 10
+    batch_size: int = 128
+    optimizer: str = "adam"
+    learning_rate: float = 1e-3
+    schedule: str = "constant"
+    label_smoothing: float = 0.0
+    class_weights: str | None = None
+    steps_per_execution: int | None = None
+    early_stopping: int | None = None
+    strategy: str = "auto"
+    tpu: str | None = None
+    precision: str = "auto"
+    augment: tuple[str, ...] = ()
+    weights: str | None = None
+    seed: int = 1337
+
+    def __post_init__(self) -> None:
+        _positive("epochs", self.epochs)
+        _positive("batch_size", self.batch_size)
+        one_of("optimizer", self.optimizer, OPTIMIZERS)
+        one_of("schedule", self.schedule, SCHEDULES)
+        if self.class_weights not in CLASS_WEIGHTS:
+            raise bad_value("class_weights", self.class_weights, "None or 'balanced'")
+        if not isinstance(self.learning_rate, int | float) or not 0 < self.learning_rate < 10:
+            raise bad_value("learning_rate", self.learning_rate, "a number between 0 and 10")
+        if (
+            not isinstance(self.label_smoothing, int | float)
+            or not 0 <= self.label_smoothing <= 0.5
+        ):
+            raise bad_value("label_smoothing", self.label_smoothing, "a number from 0 to 0.5")
+        for name in ("steps_per_execution", "early_stopping"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        object.__setattr__(self, "augment", tuple(self.augment or ()))
+
+    @classmethod
+    def from_toml(cls, path: str, **overrides: Any) -> TrainConfig:
+        """Reads a TOML file (its top-level keys are the fields); ``overrides`` win."""
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib
+        try:
+            with open(path, "rb") as handle:
+                values = tomllib.load(handle)
+        except OSError as error:
+            raise ChuteError(
+                f"`config` cannot be read. Received: config={path!r} ({error})"
+            ) from None
+        except tomllib.TOMLDecodeError as error:
+            raise ChuteError(f"`config` is not valid TOML: {path!r} ({error})") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Builds a config, naming unknown keys in the error."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise ChuteError(f"Unknown training option(s) {unknown}. Allowed: {sorted(fields)}")
+        return cls(**values)
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise bad_value(name, value, "a positive integer")
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a run produced and how fast it went."""
+
+    run_dir: str
+    bundle: str
+    best_val_accuracy: float | None
+    final: dict[str, float]
+    epochs_run: int
+    seconds_per_epoch: float
+    images_per_second: float
+    replicas: int
+    global_batch_size: int
+    strategy: str
+    precision: str
+    resumed: bool = False
+
+
+def train(
+    data: str | os.PathLike,
+    run_dir: str | os.PathLike,
+    *,
+    config: TrainConfig | None = None,
+    overwrite: bool = False,
+    verbose: int | str = "auto",
+    **options: Any,
+) -> TrainResult:
+    """Trains a model on a converted dataset; writes everything into ``run_dir``.
+
+    Args:
+        data: a directory written by ``chute convert`` (local, ``gs://``, ...).
+        run_dir: where the bundle, checkpoints, logs and reports go. Running the
+            same command again after an interruption resumes the run.
+        config: a :class:`TrainConfig`; or pass its fields as keywords.
+        overwrite: start over in a ``run_dir`` holding a finished run.
+        verbose: Keras's progress output.
+
+    Returns:
+        A :class:`TrainResult`.
+
+    Raises:
+        ChuteError: bad options, data without a train split, or a finished run
+            in ``run_dir`` (without ``overwrite``).
+    """
+    import keras
+    import numpy as np
+
+    from chute import bundle, models, pipeline, report
+    from chute import strategy as strategy_lib
+
+    if config is not None and options:
+        raise ChuteError("Pass either `config` or option keywords, not both")
+    config = config or TrainConfig.from_dict(options)
+    data, run_dir = os.fspath(data), os.fspath(run_dir)
+    manifest = manifest_lib.load(data)
+    if manifest.num_examples("train") == 0:
+        raise ChuteError(f"{data} has no train split to train on")
+    fs = storage.gfile()
+    finished = storage.join(run_dir, "bundle", "chute.json")
+    if fs.exists(finished) and not overwrite:
+        raise ChuteError(
+            f"`run_dir` {run_dir!r} holds a finished run. Pass overwrite=True (--overwrite) "
+            "to train again there, or choose another run_dir"
+        )
+    backup = storage.join(run_dir, "backup")
+    resumed = fs.exists(backup)
+    fs.makedirs(run_dir)
+
+    # Strategy and precision first: the model must be built inside the scope.
+    strategy = strategy_lib.auto_strategy(config.strategy, tpu=config.tpu)
+    kind = strategy.chute_kind
+    gpu_fp16 = kind in ("gpu", "multi-gpu") and strategy_lib.gpu_supports_mixed_float16()
+    precision = strategy_lib.precision_policy(kind, config.precision, gpu_mixed_float16=gpu_fp16)
+    previous_policy = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy(precision)
+    keras.utils.set_random_seed(config.seed)
+    replicas = strategy.num_replicas_in_sync
+    global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
+    log.info(
+        "global batch %d = %d per replica x %d replica(s)",
+        global_batch,
+        config.batch_size,
+        replicas,
+    )
+
+    spec = manifest.image
+    num_classes = manifest.num_classes
+    categorical = config.label_smoothing > 0
+    label_mode = "categorical" if categorical else "int"
+    has_val = manifest.num_examples("val") > 0
+    # The whole global batch per step: Keras splits it across the replicas.
+    train_ds = pipeline.load(
+        data,
+        "train",
+        batch_size=global_batch,
+        label_mode=label_mode,
+        augment=list(config.augment),
+        seed=config.seed,
+    )
+    val_ds = (
+        pipeline.load(data, "val", batch_size=global_batch, label_mode=label_mode, training=False)
+        if has_val
+        else None
+    )
+    steps = len(train_ds)
+    if steps == 0:
+        raise ChuteError(
+            f"The train split ({manifest.num_examples('train')} images) is smaller than one "
+            f"global batch ({global_batch}); lower `batch_size`"
+        )
+    try:
+        with strategy.scope():
+            model = models.build_model(
+                config.model,
+                input_shape=(spec["height"], spec["width"], spec["channels"]),
+                num_classes=num_classes,
+                weights=config.weights,
+            )
+            model.compile(
+                optimizer=_optimizer(keras, config, steps),
+                loss=(
+                    keras.losses.CategoricalCrossentropy(label_smoothing=config.label_smoothing)
+                    if categorical
+                    else keras.losses.SparseCategoricalCrossentropy()
+                ),
+                metrics=[
+                    "accuracy",
+                    (
+                        keras.metrics.TopKCategoricalAccuracy
+                        if categorical
+                        else keras.metrics.SparseTopKCategoricalAccuracy
+                    )(k=min(5, num_classes), name="top5"),
+                ],
+                steps_per_execution=config.steps_per_execution
+                or strategy_lib.STEPS_PER_EXECUTION.get(kind, 1),
+            )
+        monitor = "val_accuracy" if has_val else "accuracy"
+        checkpoints = storage.join(run_dir, "checkpoints")
+        fs.makedirs(checkpoints)
+        callbacks = [
+            keras.callbacks.BackupAndRestore(backup),
+            keras.callbacks.ModelCheckpoint(
+                storage.join(checkpoints, "best.keras"), monitor=monitor, save_best_only=True
+            ),
+            keras.callbacks.ModelCheckpoint(storage.join(checkpoints, "last.keras")),
+            keras.callbacks.CSVLogger(storage.join(run_dir, "history.csv"), append=True),
+            keras.callbacks.TensorBoard(storage.join(run_dir, "logs")),
+        ]
+        if config.early_stopping:
+            callbacks.append(
+                keras.callbacks.EarlyStopping(
+                    monitor=monitor, patience=config.early_stopping, restore_best_weights=True
+                )
+            )
+        timer = _EpochTimer()
+        callbacks.append(timer)
+        class_weight = None
+        if config.class_weights == "balanced":
+            counts = np.maximum(1, np.asarray(manifest.splits["train"]["class_counts"], float))
+            class_weight = dict(enumerate(counts.sum() / (num_classes * counts)))
+        history = model.fit(
+            train_ds,
+            validation_data=val_ds,
+            epochs=config.epochs,
+            callbacks=callbacks,
+            class_weight=class_weight,
+            shuffle=False,  # the dataset shuffles itself (Keras would only warn)
+            verbose=verbose,
+        )
+        best_path = storage.join(checkpoints, "best.keras")
+        if fs.exists(best_path) and not config.early_stopping:
+            model = keras.models.load_model(_local(best_path), safe_mode=True)
+        bundle_dir = bundle.save_bundle(
+            model,
+            storage.join(run_dir, "bundle"),
+            **bundle.spec_from_manifest(manifest),
+            info={"data": data, "model": config.model, "precision": precision},
+        )
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+
+    records = history.history
+    best = max(records[monitor]) if records.get(monitor) else None
+    epochs_run = len(timer.seconds)
+    per_epoch = float(np.median(timer.seconds)) if timer.seconds else 0.0
+    images_per_s = steps * global_batch / per_epoch if per_epoch else 0.0
+    result = TrainResult(
+        run_dir=run_dir,
+        bundle=bundle_dir,
+        best_val_accuracy=float(best) if has_val and best is not None else None,
+        final={k: float(v[-1]) for k, v in records.items() if v},
+        epochs_run=epochs_run,
+        seconds_per_epoch=per_epoch,
+        images_per_second=images_per_s,
+        replicas=replicas,
+        global_batch_size=global_batch,
+        strategy=kind,
+        precision=precision,
+        resumed=resumed,
+    )
+    _write(
+        run_dir,
+        "config.json",
+        {
+            "data": data,
+            **dataclasses.asdict(config),
+            "effective": {
+                "strategy": kind,
+                "precision": precision,
+                "replicas": replicas,
+                "global_batch_size": global_batch,
+            },
+        },
+    )
+    _write(run_dir, "history.json", records)
+    _write(run_dir, "summary.json", dataclasses.asdict(result))
+    report.draw_curves(records, storage.join(run_dir, "curves.png"))
+    if has_val:
+        from chute import evaluation
+
+        evaluation.evaluate(bundle_dir, data, split="val", out_dir=run_dir)
+    return result
+
+
+class _EpochTimer:
+    """Wall time of each epoch (training and validation)."""
+
+    def __new__(cls):
+        import keras
+
+        class Timer(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.seconds: list[float] = []
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self._started = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.seconds.append(time.perf_counter() - self._started)
+
+        return Timer()
+
+
+def _optimizer(keras, config: TrainConfig, steps_per_epoch: int):
+    rate: Any = config.learning_rate
+    total = max(1, steps_per_epoch * config.epochs)
+    if config.schedule == "cosine":
+        rate = keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=total)
+    elif config.schedule == "exponential":
+        rate = keras.optimizers.schedules.ExponentialDecay(
+            config.learning_rate, decay_steps=max(1, steps_per_epoch), decay_rate=0.9
+        )
+    if config.optimizer == "sgd":
+        return keras.optimizers.SGD(rate, momentum=0.9)
+    return {
+        "adam": keras.optimizers.Adam,
+        "adamw": keras.optimizers.AdamW,
+        "rmsprop": keras.optimizers.RMSprop,
+    }[config.optimizer](rate)
+
+
+def _local(path: str) -> str:
+    """A local copy of a file on any TF filesystem (Keras loads from local files)."""
+    if storage.is_local(path):
+        return storage.local_path(path)
+    import tempfile
+
+    local = os.path.join(tempfile.mkdtemp(prefix="chute-"), os.path.basename(path))
+    storage.gfile().copy(path, local, overwrite=True)
+    return local
+
+
+def _write(run_dir: str, name: str, value: Any) -> None:
+    storage.write_atomic(
+        storage.join(run_dir, name), json.dumps(value, indent=1, default=float).encode()
+    )
