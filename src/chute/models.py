@@ -179,6 +179,17 @@ def build_model(
 # --- argument checks ---------------------------------------------------------
 
 
+def check_model(name: str, weights: str | os.PathLike[str] | None = None) -> None:
+    """Checks a model name and weights file before any work (``build_model`` does too).
+
+    Example:
+        >>> check_model("kannada-cnn")
+    """
+    if name not in MODEL_NAMES:
+        _resolve_application(name)
+    _check_weights(weights)
+
+
 def _names_text() -> str:
     names = ", ".join(repr(n) for n in MODEL_NAMES)
     return "{" + names + "} or another keras.applications model name (e.g. 'DenseNet121')"

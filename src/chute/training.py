@@ -184,6 +184,7 @@ def train(
         raise ChuteError("Pass either `config` or option keywords, not both")
     config = config or TrainConfig.from_dict(options)
     data, run_dir = os.fspath(data), os.fspath(run_dir)
+    models.check_model(config.model, config.weights)  # before anything heavy
     manifest = manifest_lib.load(data)
     if manifest.num_examples("train") == 0:
         raise ChuteError(f"{data} has no train split to train on")
