@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 KINDS = ("auto", "tpu", "gpu", "cpu", "multiworker")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 # Steps per tf.function call: TPUs pay a host round trip per call, so run many.
-STEPS_PER_EXECUTION = {"tpu": 64, "multi-gpu": 8, "gpu": 8, "multiworker": 1, "cpu": 1}
+# MirroredStrategy stays at 1: with Keras 3.15 / TF 2.21 any larger value fails
+# ("You must feed a value for placeholder tensor ..." in multi_step_on_iterator).
+STEPS_PER_EXECUTION = {"tpu": 64, "multi-gpu": 1, "gpu": 8, "multiworker": 1, "cpu": 1}
 
 
 @dataclasses.dataclass(frozen=True)
