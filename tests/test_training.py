@@ -67,6 +67,14 @@ def test_a_finished_run_is_not_overwritten_by_accident(trained, data):
         chute.train(data, run, **FAST)
 
 
+def test_overwrite_starts_the_run_afresh(data, tmp_path):
+    run = tmp_path / "run"
+    chute.train(data, run, **{**FAST, "epochs": 1})
+    chute.train(data, run, overwrite=True, **{**FAST, "epochs": 1})
+    rows = (run / "history.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 1  # the old run's history is gone, not appended to
+
+
 def test_an_interrupted_run_continues_where_it_stopped(data, tmp_path, monkeypatch):
     class Killed(BaseException):
         pass

@@ -81,6 +81,10 @@ class TrainConfig:
         _positive("epochs", self.epochs)
         _positive("batch_size", self.batch_size)
         one_of("optimizer", self.optimizer, OPTIMIZERS)
+        from chute.strategy import KINDS, PRECISIONS
+
+        one_of("strategy", self.strategy, KINDS)
+        one_of("precision", self.precision, PRECISIONS)
         one_of("schedule", self.schedule, SCHEDULES)
         if self.class_weights not in CLASS_WEIGHTS:
             raise bad_value("class_weights", self.class_weights, "None or 'balanced'")
@@ -195,6 +199,13 @@ def train(
             f"`run_dir` {run_dir!r} holds a finished run. Pass overwrite=True (--overwrite) "
             "to train again there, or choose another run_dir"
         )
+    if fs.exists(finished) and overwrite:
+        for name in ("bundle", "checkpoints", "logs", "backup", "history.csv"):
+            path = storage.join(run_dir, name)
+            if fs.isdir(path):
+                fs.rmtree(path)
+            elif fs.exists(path):
+                fs.remove(path)
     backup = storage.join(run_dir, "backup")
     resumed = fs.exists(backup)
     fs.makedirs(run_dir)
