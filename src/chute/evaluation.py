@@ -78,9 +78,12 @@ def evaluate(
         )
     dataset = pipeline.load(data, split, batch_size=batch_size, training=False, cache=None)
     probabilities, labels = [], []
+    samples: dict[int, np.ndarray] = {}  # one image per class, for the confusion picture
     for images, batch_labels in dataset:
         probabilities.append(np.asarray(loaded.model(images, training=False), np.float64))
         labels.append(batch_labels.numpy())
+        for image, label in zip(images.numpy(), labels[-1], strict=True):
+            samples.setdefault(int(label), image)
     probs, labels = np.concatenate(probabilities), np.concatenate(labels)
     k = manifest.num_classes
     chosen = probs[np.arange(len(labels)), labels]
@@ -122,7 +125,9 @@ def evaluate(
         storage.write_atomic(
             storage.join(out_dir, f"per-class-{split}.csv"), ("\n".join(rows) + "\n").encode()
         )
-        report.draw_confusion(result, storage.join(out_dir, f"confusion-{split}.png"))
+        report.draw_confusion(
+            result, storage.join(out_dir, f"confusion-{split}.png"), samples=samples
+        )
     log.info(
         "%s: loss %.4f, accuracy %.4f, top-5 %.4f", split, result.loss, result.accuracy, result.top5
     )

@@ -225,15 +225,20 @@ def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> 
     return _save_png(image, out_png)
 
 
-def draw_confusion(report, out_png: str | os.PathLike, *, max_classes: int = 30) -> str:
-    """The confusion matrix as a heat map; with many classes, the most confused pairs.
+def draw_confusion(
+    report, out_png: str | os.PathLike, *, max_classes: int = 30, samples: dict | None = None
+) -> str:
+    """The confusion matrix as a heat map; with many classes, the most confused pairs,
+    each with a sample image of both classes when ``samples`` (label -> HxWxC
+    uint8 image) has them.
 
     ``report`` is a :class:`chute.evaluation.EvalReport`.
     """
     names, matrix = report.class_names, report.confusion
     if len(names) > max_classes:
         pairs = report.most_confused(25)
-        image, draw = _canvas(720, 40 + 20 * max(1, len(pairs)))
+        row_height, thumb = 52, 48
+        image, draw = _canvas(760, 40 + row_height * max(1, len(pairs)))
         draw.text(
             (10, 10),
             f"most confused pairs ({report.split}): true -> predicted, times",
@@ -241,13 +246,25 @@ def draw_confusion(report, out_png: str | os.PathLike, *, max_classes: int = 30)
             font=_font(None),
         )
         for row, (true, predicted, times) in enumerate(pairs):
+            top = 34 + row_height * row
+            for column, name in enumerate((true, predicted)):
+                sample = (samples or {}).get(names.index(name))
+                if sample is not None:
+                    picture = Image.fromarray(
+                        sample.squeeze(-1) if sample.shape[-1] == 1 else sample
+                    )
+                    picture = picture.convert("RGB").resize(
+                        (thumb, thumb), Image.Resampling.NEAREST
+                    )
+                    image.paste(picture, (10 + column * (thumb + 6), top))
             text_true, font_true = caption(names.index(true), true)
             text_pred, _ = caption(names.index(predicted), predicted)
             draw.text(
-                (10, 34 + 20 * row),
+                (10 + 2 * (thumb + 6) + 10, top + thumb / 2),
                 f"{text_true}  ->  {text_pred}   x{times}",
                 fill="black",
                 font=font_true,
+                anchor="lm",
             )
         return _save_png(image, out_png)
     cell, left, top = 22, 170, 30
