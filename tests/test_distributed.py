@@ -292,7 +292,7 @@ import chute
 data, run_dir, seed, per_replica = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 result = chute.train(data, run_dir, model="kannada-cnn", strategy="multiworker", epochs=1,
                      batch_size=per_replica, seed=seed, verbose=0)
-model = keras.models.load_model(f"{run_dir}/checkpoints/last.keras")
+model = keras.models.load_model(f"{result.run_dir}/checkpoints/last.keras")
 weights = [np.array(w, dtype=np.float64) for w in model.get_weights()]
 np.savez(f"{run_dir}/final.npz", *weights)
 print("CHUTE_RESULT " + json.dumps({
@@ -307,12 +307,6 @@ print("CHUTE_RESULT " + json.dumps({
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    reason="Keras 3.15's model.fit under MultiWorkerMirroredStrategy fails before the first "
-    "step (PerReplica to Tensor, keras-team/keras#20585), also without chute; strict, so "
-    "this starts failing the day it works and the marker must go",
-)
 def test_multiworker_two_local_processes_end_with_the_same_weights(data, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(WORKER_SCRIPT))
@@ -346,6 +340,10 @@ def test_multiworker_two_local_processes_end_with_the_same_weights(data, tmp_pat
     for result in results:
         assert result["strategy"] == "multiworker" and result["replicas"] == 2
         assert result["global_batch_size"] == 2 * PER_REPLICA
+    chief = runs[0]
+    for name in ("bundle/model.keras", "checkpoints/best.keras", "history.csv", "curves.png"):
+        assert (chief / name).is_file(), name  # the chief writes the run directory
+    assert any((chief / "logs").rglob("*tfevents*"))
     first, second = (_weights(run / "final.npz") for run in runs)
     assert len(first) == len(second) > 0
     differing = [

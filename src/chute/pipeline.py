@@ -148,9 +148,7 @@ def load(
     by_file = pipelines > 1 and len(files) >= pipelines
     if by_file:  # enough shards: each input pipeline reads its own files
         files, counts = files[index::pipelines], counts[index::pipelines]
-    num_examples = sum(counts)
-    if pipelines > 1 and not by_file:  # too few shards: every pipeline keeps every k-th record
-        num_examples = len(range(index, num_examples, pipelines))
+    num_examples = pipeline_sizes(manifest, split, pipelines)[index]
     if num_examples == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
 
@@ -224,6 +222,22 @@ def load(
         counters["corrupt"].numpy() + counters["started"].numpy() - counters["decoded"].numpy()
     )
     return batched
+
+
+def pipeline_sizes(manifest: manifest_lib.Manifest, split: str, pipelines: int) -> list[int]:
+    """Examples each of ``pipelines`` input pipelines reads of ``split``.
+
+    With at least as many shards as pipelines each reads its own shards;
+    otherwise every pipeline keeps every ``pipelines``-th record.
+
+    Example:
+        >>> pipeline_sizes(manifest, "train", 2)  # doctest: +SKIP
+        [13008, 13009]
+    """
+    counts = [s["num_records"] for s in manifest.splits[split]["shards"]]
+    if pipelines > 1 and len(counts) >= pipelines:
+        return [sum(counts[i::pipelines]) for i in range(pipelines)]
+    return [len(range(i, sum(counts), pipelines)) for i in range(pipelines)]
 
 
 def _check_args(batch_size, dtype, label_mode, shuffle_buffer, manifest, training, pad):

@@ -232,21 +232,48 @@ def train(
     categorical = config.label_smoothing > 0
     label_mode = "categorical" if categorical else "int"
     has_val = manifest.num_examples("val") > 0
+    multiworker = kind == "multiworker"
+    if multiworker:
+        # Keras 3.15's fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585):
+        # these runs use chute's own loop (_fit_multiworker) with per-worker input.
+        resolver = strategy.cluster_resolver
+        cluster = resolver.cluster_spec().as_dict()
+        workers = sum(len(cluster.get(t, [])) for t in ("chief", "worker"))
+        worker_index = resolver.task_id + (
+            1 if resolver.task_type == "worker" and "chief" in cluster else 0
+        )
+        if worker_index:  # the chief writes the run; the others keep their files apart
+            run_dir = storage.join(run_dir, f"worker-{worker_index}")
+            backup = storage.join(run_dir, "backup")
+            fs.makedirs(run_dir)
+        per_worker_batch = global_batch // workers
+        steps = min(pipeline.pipeline_sizes(manifest, "train", workers)) // per_worker_batch
+        train_ds = pipeline.load(
+            data,
+            "train",
+            batch_size=config.batch_size,
+            label_mode=label_mode,
+            augment=list(config.augment),
+            seed=config.seed,
+            strategy=strategy,
+            repeat=True,
+        )
     # The whole global batch per step: Keras splits it across the replicas.
-    train_ds = pipeline.load(
-        data,
-        "train",
-        batch_size=global_batch,
-        label_mode=label_mode,
-        augment=list(config.augment),
-        seed=config.seed,
-    )
+    else:
+        train_ds = pipeline.load(
+            data,
+            "train",
+            batch_size=global_batch,
+            label_mode=label_mode,
+            augment=list(config.augment),
+            seed=config.seed,
+        )
+        steps = len(train_ds)
     val_ds = (
         pipeline.load(data, "val", batch_size=global_batch, label_mode=label_mode, training=False)
         if has_val
         else None
     )
-    steps = len(train_ds)
     if steps == 0:
         raise ChuteError(
             f"The train split ({manifest.num_examples('train')} images) is smaller than one "
@@ -260,6 +287,12 @@ def train(
                 num_classes=num_classes,
                 weights=config.weights,
             )
+            if replicas > 1:
+                # Batch statistics over the global batch, as on one device; every
+                # replica (and worker) then also keeps the same moving statistics.
+                for layer in _all_layers(model):
+                    if isinstance(layer, keras.layers.BatchNormalization):
+                        layer.synchronized = True
             model.compile(
                 optimizer=_optimizer(keras, config, steps),
                 loss=(
@@ -302,15 +335,30 @@ def train(
         if config.class_weights == "balanced":
             counts = np.maximum(1, np.asarray(manifest.splits["train"]["class_counts"], float))
             class_weight = dict(enumerate(counts.sum() / (num_classes * counts)))
-        history = model.fit(
-            train_ds,
-            validation_data=val_ds,
-            epochs=config.epochs,
-            callbacks=callbacks,
-            class_weight=class_weight,
-            shuffle=False,  # the dataset shuffles itself (Keras would only warn)
-            verbose=verbose,
-        )
+        if multiworker:
+            records, timer.seconds, resumed = _fit_multiworker(
+                model,
+                strategy,
+                train_ds,
+                val_ds,
+                steps=steps,
+                config=config,
+                class_weight=class_weight,
+                categorical=categorical,
+                run_dir=run_dir,
+                backup=backup,
+                monitor=monitor,
+            )
+        else:
+            records = model.fit(
+                train_ds,
+                validation_data=val_ds,
+                epochs=config.epochs,
+                callbacks=callbacks,
+                class_weight=class_weight,
+                shuffle=False,  # the dataset shuffles itself (Keras would only warn)
+                verbose=verbose,
+            ).history
         best_path = storage.join(checkpoints, "best.keras")
         if fs.exists(best_path) and not config.early_stopping:
             model = keras.models.load_model(_local(best_path), safe_mode=True)
@@ -323,7 +371,6 @@ def train(
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
-    records = history.history
     best = max(records[monitor]) if records.get(monitor) else None
     epochs_run = len(timer.seconds)
     per_epoch = float(np.median(timer.seconds)) if timer.seconds else 0.0
@@ -384,6 +431,153 @@ class _EpochTimer:
                 self.seconds.append(time.perf_counter() - self._started)
 
         return Timer()
+
+
+def _all_layers(model) -> list:
+    """Every layer, including those inside nested models (keras.applications backbones)."""
+    found = []
+    for layer in model.layers:
+        found.append(layer)
+        if hasattr(layer, "layers"):
+            found += _all_layers(layer)
+    return found
+
+
+def _fit_multiworker(
+    model,
+    strategy,
+    train_ds,
+    val_ds,
+    *,
+    steps,
+    config,
+    class_weight,
+    categorical,
+    run_dir,
+    backup,
+    monitor,
+) -> tuple[dict[str, list[float]], list[float], bool]:
+    """A plain training loop for MultiWorkerMirroredStrategy (Keras's fit fails there).
+
+    Every worker runs the same number of steps (the smallest worker's share, so
+    no collective waits for a worker that ran out of data), validates on the
+    whole val split by itself (identical weights, no collectives), keeps a
+    ``tf.train.CheckpointManager`` backup per epoch (a killed run resumes) and
+    saves ``checkpoints/best.keras`` and ``last.keras`` like the fit path.
+    """
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    with strategy.scope():
+        optimizer = _optimizer(keras, config, steps)
+        loss_fn = (
+            keras.losses.CategoricalCrossentropy(
+                label_smoothing=config.label_smoothing, reduction="none"
+            )
+            if categorical
+            else keras.losses.SparseCategoricalCrossentropy(reduction="none")
+        )
+        epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+    weights = None
+    if class_weight:
+        weights = tf.constant([class_weight[i] for i in range(len(class_weight))], tf.float32)
+    global_batch = train_ds.global_batch_size
+    k = min(5, model.output_shape[-1])
+
+    def targets(labels):
+        return tf.argmax(labels, -1) if categorical else tf.cast(labels, tf.int64)
+
+    @tf.function
+    def train_step(iterator):
+        def step(images, labels):
+            with tf.GradientTape() as tape:
+                probs = model(images, training=True)
+                per_example = loss_fn(labels, probs)
+                if weights is not None:
+                    per_example *= tf.gather(weights, targets(labels))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            truth = targets(labels)
+            right = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1), truth), tf.float32))
+            top = tf.reduce_sum(tf.cast(tf.math.in_top_k(truth, probs, k), tf.float32))
+            return tf.stack([loss, right, top])
+
+        return strategy.reduce("SUM", strategy.run(step, args=next(iterator)), axis=None)
+
+    @tf.function
+    def val_step(images, labels):
+        probs = model(images, training=False)
+        truth = targets(labels)
+        return tf.stack(
+            [
+                tf.reduce_sum(loss_fn(labels, probs)),
+                tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1), truth), tf.float32)),
+                tf.reduce_sum(tf.cast(tf.math.in_top_k(truth, probs, k), tf.float32)),
+                tf.cast(tf.shape(probs)[0], tf.float32),
+            ]
+        )
+
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
+    manager = tf.train.CheckpointManager(checkpoint, backup, max_to_keep=1)
+    resumed = manager.latest_checkpoint is not None
+    if resumed:
+        checkpoint.restore(manager.latest_checkpoint)
+    history: dict[str, list[float]] = {}
+    history_file = storage.join(run_dir, "history.json.partial")
+    if resumed and storage.gfile().exists(history_file):
+        with storage.gfile().GFile(history_file, "rb") as handle:
+            history = json.loads(handle.read())
+    seconds: list[float] = []
+    writer = tf.summary.create_file_writer(storage.join(run_dir, "logs"))  # TensorBoard
+    iterator = iter(train_ds)
+    best, waited = None, 0
+    for _ in range(int(epoch.numpy()), config.epochs):
+        started = time.perf_counter()
+        totals = np.zeros(3)
+        for _ in range(steps):
+            totals += train_step(iterator).numpy()
+        seen = steps * global_batch
+        results = {
+            "loss": totals[0] / steps,
+            "accuracy": totals[1] / seen,
+            "top5": totals[2] / seen,
+        }
+        if val_ds is not None:
+            sums = np.zeros(4)
+            for images, labels in val_ds:
+                sums += val_step(images, labels).numpy()
+            results.update(
+                val_loss=sums[0] / sums[3],
+                val_accuracy=sums[1] / sums[3],
+                val_top5=sums[2] / sums[3],
+            )
+        with writer.as_default():
+            for name, value in results.items():
+                history.setdefault(name, []).append(float(value))
+                tf.summary.scalar(name, value, step=epoch)
+        epoch.assign_add(1)
+        model.save(storage.join(run_dir, "checkpoints", "last.keras"))
+        if best is None or results[monitor] > best:
+            best, waited = results[monitor], 0
+            model.save(storage.join(run_dir, "checkpoints", "best.keras"))
+        else:
+            waited += 1
+        manager.save()
+        storage.write_atomic(history_file, json.dumps(history).encode())
+        seconds.append(time.perf_counter() - started)
+        log.info("epoch %d: %s", int(epoch.numpy()), {k: round(v, 4) for k, v in results.items()})
+        if config.early_stopping and waited >= config.early_stopping:
+            break
+    storage.gfile().rmtree(backup)
+    storage.gfile().remove(history_file)
+    names = list(history)
+    rows = ["epoch," + ",".join(names)] + [
+        f"{e}," + ",".join(str(history[n][e]) for n in names) for e in range(len(history[names[0]]))
+    ]
+    storage.write_atomic(storage.join(run_dir, "history.csv"), ("\n".join(rows) + "\n").encode())
+    return history, seconds, resumed
 
 
 def _optimizer(keras, config: TrainConfig, steps_per_epoch: int):
