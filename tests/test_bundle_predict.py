@@ -479,8 +479,15 @@ def test_export_errors(bundle_dir: Path, tmp_path: Path):
     with pytest.raises(ChuteError, match=r"`output` is a non-empty folder.*overwrite=True"):
         export(bundle_dir, busy, format="keras")
     assert (busy / "keep.txt").exists()
-    export(bundle_dir, busy, format="keras", overwrite=True)
-    assert sorted(os.listdir(busy)) == ["chute.json", "model.keras"]
+    # overwrite replaces an earlier export, never a folder of someone else's files
+    with pytest.raises(ChuteError, match="only replaces an earlier chute export"):
+        export(bundle_dir, busy, format="keras", overwrite=True)
+    assert sorted(os.listdir(busy)) == ["keep.txt"]
+    earlier = tmp_path / "earlier"
+    export(bundle_dir, earlier, format="keras")
+    (earlier / "stale.txt").write_text("left by the earlier export")
+    export(bundle_dir, earlier, format="keras", overwrite=True)
+    assert sorted(os.listdir(earlier)) == ["chute.json", "model.keras"]
     for inside in (bundle_dir, bundle_dir.parent):
         with pytest.raises(ChuteError, match="must not be the bundle's folder or a folder above"):
             export(bundle_dir, inside, format="keras", overwrite=True)

@@ -401,6 +401,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ChuteError as error:
         print(f"chute {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a path the user gave cannot be read or written
+        print(f"chute {args.command}: error: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        # TensorFlow's file errors (tf.errors.NotFoundError, PermissionDeniedError, ...)
+        # are not OSErrors; they too are about a path the user gave.
+        if type(error).__module__.startswith("tensorflow") and hasattr(error, "message"):
+            print(f"chute {args.command}: error: {error.message}", file=sys.stderr)
+            return 1
+        raise
     except KeyboardInterrupt:
         print("\ninterrupted; run the same command again to resume", file=sys.stderr)
         return 130

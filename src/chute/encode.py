@@ -230,7 +230,7 @@ def _load(payload: Any, spec: ImageSpec) -> tuple[Image.Image, bytes | None]:
     image = _open(data, spec.max_pixels)
     try:
         image.load()  # full decode: truncated and corrupt data fail here
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+    except (OSError, ValueError, SyntaxError) as error:
         raise Rejected(f"corrupt or truncated image data: {error}") from None
     original = None
     orientation = _orientation(image)
@@ -303,7 +303,7 @@ def encode_one(key: str, label: int, payload: Any, spec: ImageSpec) -> bytes:
             data = buffer.getvalue()
     except Rejected:
         raise
-    except (OSError, ValueError, SyntaxError, MemoryError) as error:
+    except (OSError, ValueError, SyntaxError, MemoryError, cv2.error) as error:
         raise Rejected(f"cannot convert image: {error}") from None
     return records.image_example(
         image=data,

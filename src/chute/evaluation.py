@@ -8,7 +8,9 @@ Example:
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -82,8 +84,9 @@ def evaluate(
     for images, batch_labels in dataset:
         probabilities.append(np.asarray(loaded.model(images, training=False), np.float64))
         labels.append(batch_labels.numpy())
-        for image, label in zip(images.numpy(), labels[-1], strict=True):
-            samples.setdefault(int(label), image)
+        if len(samples) < manifest.num_classes:
+            for image, label in zip(images.numpy(), labels[-1], strict=True):
+                samples.setdefault(int(label), image)
     probs, labels = np.concatenate(probabilities), np.concatenate(labels)
     k = manifest.num_classes
     chosen = probs[np.arange(len(labels)), labels]
@@ -118,12 +121,14 @@ def evaluate(
         storage.write_atomic(
             storage.join(out_dir, f"evaluation-{split}.json"), json.dumps(body, indent=1).encode()
         )
-        rows = ["class,examples,accuracy"]
+        table = io.StringIO()
+        writer = csv.writer(table, lineterminator="\n")
+        writer.writerow(["class", "examples", "accuracy"])
         for c in per_class:
             accuracy = "" if c["accuracy"] is None else round(c["accuracy"], 4)
-            rows.append(f'"{c["class"]}",{c["examples"]},{accuracy}')
+            writer.writerow([c["class"], c["examples"], accuracy])
         storage.write_atomic(
-            storage.join(out_dir, f"per-class-{split}.csv"), ("\n".join(rows) + "\n").encode()
+            storage.join(out_dir, f"per-class-{split}.csv"), table.getvalue().encode()
         )
         report.draw_confusion(
             result, storage.join(out_dir, f"confusion-{split}.png"), samples=samples

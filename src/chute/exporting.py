@@ -118,6 +118,11 @@ def _prepare_output(output: str, source: str, overwrite: bool) -> None:
                     f"`output` is a non-empty folder. Received: output={output!r}; choose a "
                     "new or empty folder, or pass overwrite=True (--overwrite) to replace it"
                 )
+            if not fs.exists(storage.join(output, "chute.json")):
+                raise ChuteError(
+                    "`overwrite` only replaces an earlier chute export (a folder with its "
+                    f"chute.json). Received: output={output!r}, which holds other files"
+                )
             fs.rmtree(output)
     fs.makedirs(output)
 

@@ -19,6 +19,8 @@ The order of the pipeline, and why:
 5. **Cache** (``cache="auto"``): when the decoded split fits the memory budget
    it is kept in RAM after the first epoch: raw records as they are (they are
    the pixels), PNG/JPEG as decoded images, so later epochs skip the files.
+   Cached epochs replay the first epoch's blocks (their shard order and
+   boundaries); only the order of the blocks is shuffled afresh.
 6. Resize (only if another size is asked for), cast, **augment** (training
    only, batched, seeded), **prefetch**.
 
@@ -209,7 +211,7 @@ def load(
     if repeat and training:
         batched = batched.repeat()
     if pad_final_batch:
-        batched = _padded(tf, batched, batch_size, num_examples)
+        batched = _padded(tf, batched, batch_size)
     options = tf.data.Options()
     options.experimental_optimization.parallel_batch = True  # batches copied in parallel
     batched = batched.prefetch(tf.data.AUTOTUNE).with_options(options)
@@ -259,6 +261,11 @@ def _check_args(batch_size, dtype, label_mode, shuffle_buffer, manifest, trainin
         raise bad_value("shuffle_buffer", shuffle_buffer, "a positive integer")
     if pad and training:
         raise ChuteError("`pad_final_batch` applies to evaluation (training=False) only")
+    if pad and label_mode is None:
+        raise ChuteError(
+            "`pad_final_batch` yields (images, labels, weights): it needs labels. "
+            "Received: label_mode=None"
+        )
 
 
 def _cache_target(cache, manifest, split, spec) -> str | None:
@@ -484,7 +491,7 @@ def _finisher(tf, manifest, dtype, label_mode, augmenter, shape):
     return finish
 
 
-def _padded(tf, dataset, batch_size, num_examples):
+def _padded(tf, dataset, batch_size):
     """The last batch padded to ``batch_size``, with weights 1 (real) and 0 (padding)."""
 
     def pad(*batch):

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from chute import storage
+from chute.options import DEFAULT_MIN_SHARDS
 
 MIN_RECORDS_PER_SHARD = 64  # below this, more files only add open/seek overhead
 SHARD_NAME = re.compile(r"^(train|val|test)-(\d{5})-of-(\d{5})\.tfrecord$")
@@ -36,7 +37,7 @@ def plan(
     *,
     shard_size_mb: float,
     min_shards: int | None,
-    default_min_shards: int = 16,
+    default_min_shards: int = DEFAULT_MIN_SHARDS,
 ) -> list[tuple[int, int]]:
     """Cuts ``num_items`` records into ``[start, stop)`` runs, one per shard.
 

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import posixpath
+import zipfile
 from typing import NamedTuple
 
 import numpy as np
@@ -133,10 +134,11 @@ def scan(source: str, *, allow_outside: bool = False) -> Source:
         found = _scan_keras(source)
     else:
         fs = storage.gfile() if not storage.is_local(source) else None
-        exists = os.path.exists(source) if fs is None else fs.exists(source)
+        local = storage.local_path(source)
+        exists = os.path.exists(local) if fs is None else fs.exists(source)
         if not exists:
             raise ChuteError(f"`source` does not exist. Received: source={source!r}")
-        is_dir = os.path.isdir(source) if fs is None else fs.isdir(source)
+        is_dir = os.path.isdir(local) if fs is None else fs.isdir(source)
         lower = source.lower()
         if is_dir:
             found = _scan_folder(source)
@@ -282,7 +284,13 @@ def _class_names(labels: list[str]) -> list[str]:
 
 
 def _scan_list(path: str, *, allow_outside: bool) -> Source:
-    text = storage.read_bytes(path).decode("utf-8-sig")
+    try:
+        text = storage.read_bytes(path).decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ChuteError(
+            f"`source` must be a UTF-8 text list. Received: {path!r}, which is not UTF-8 "
+            f"({error.reason} at byte {error.start}); save it as UTF-8"
+        ) from None
     rows: list[tuple[int, str, str, str | None]] = []  # (line, path, label, split)
     if path.lower().endswith(".jsonl"):
         for number, line in enumerate(text.splitlines(), start=1):
@@ -290,9 +298,10 @@ def _scan_list(path: str, *, allow_outside: bool) -> Source:
                 continue
             try:
                 record = json.loads(line)
-                rows.append(
-                    (number, str(record["path"]), str(record["label"]), record.get("split"))
-                )
+                split = record.get("split")
+                if split is not None and not isinstance(split, str):
+                    raise TypeError(f"'split' must be a string, got {split!r}")
+                rows.append((number, str(record["path"]), str(record["label"]), split))
             except (ValueError, KeyError, TypeError) as error:
                 raise ChuteError(
                     f"{path}, line {number}: each line must be a JSON object with 'path' and "
@@ -438,24 +447,24 @@ def _array_source(
 
 
 def _scan_npz(path: str) -> Source:
+    splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     try:
         data = np.load(io.BytesIO(storage.read_bytes(path)), allow_pickle=False)
-    except (OSError, ValueError) as error:
+        keys = set(data.files)
+        if {"x", "y"} <= keys:
+            splits["train"] = (data["x"], data["y"])
+        for split in SPLITS:
+            if {f"x_{split}", f"y_{split}"} <= keys:
+                splits[split] = (data[f"x_{split}"], data[f"y_{split}"])
+        names = [str(n) for n in data["class_names"].tolist()] if "class_names" in keys else None
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
         raise ChuteError(f"`source` is not a readable .npz file: {path!r} ({error})") from None
-    keys = set(data.files)
-    splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    if {"x", "y"} <= keys:
-        splits["train"] = (data["x"], data["y"])
-    for split in SPLITS:
-        if {f"x_{split}", f"y_{split}"} <= keys:
-            splits[split] = (data[f"x_{split}"], data[f"y_{split}"])
     if "train" not in splits:
         raise ChuteError(
             "A .npz source must hold arrays 'x' and 'y' (or 'x_train' and 'y_train', with "
             f"optional 'x_val'/'y_val', 'x_test'/'y_test'). Received: {path!r} holds "
             f"{sorted(keys)}"
         )
-    names = [str(n) for n in data["class_names"].tolist()] if "class_names" in keys else None
     return _array_source("npz", path, splits, names)
 
 

@@ -88,7 +88,11 @@ class TrainConfig:
         one_of("schedule", self.schedule, SCHEDULES)
         if self.class_weights not in CLASS_WEIGHTS:
             raise bad_value("class_weights", self.class_weights, "None or 'balanced'")
-        if not isinstance(self.learning_rate, int | float) or not 0 < self.learning_rate < 10:
+        if (
+            isinstance(self.learning_rate, bool)
+            or not isinstance(self.learning_rate, int | float)
+            or not 0 < self.learning_rate < 10
+        ):
             raise bad_value("learning_rate", self.learning_rate, "a number between 0 and 10")
         if (
             not isinstance(self.label_smoothing, int | float)
@@ -98,7 +102,12 @@ class TrainConfig:
         for name in ("steps_per_execution", "early_stopping"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
-        object.__setattr__(self, "augment", tuple(self.augment or ()))
+        augment = self.augment or ()
+        if isinstance(augment, str):  # "flip,zoom" from a TOML file or a flag
+            augment = [name.strip() for name in augment.split(",") if name.strip()]
+        object.__setattr__(self, "augment", tuple(augment))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise bad_value("seed", self.seed, "a non-negative integer")
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> TrainConfig:
@@ -360,8 +369,9 @@ def train(
                 verbose=verbose,
             ).history
         best_path = storage.join(checkpoints, "best.keras")
-        if fs.exists(best_path) and not config.early_stopping:
-            model = keras.models.load_model(_local(best_path), safe_mode=True)
+        # fit's EarlyStopping restores the best weights itself; otherwise load them.
+        if fs.exists(best_path) and (multiworker or not config.early_stopping):
+            model = bundle._load_model(best_path, compile=False)
         bundle_dir = bundle.save_bundle(
             model,
             storage.join(run_dir, "bundle"),
@@ -530,9 +540,11 @@ def _fit_multiworker(
         with storage.gfile().GFile(history_file, "rb") as handle:
             history = json.loads(handle.read())
     seconds: list[float] = []
+    scores = history.get(monitor, [])
+    best = max(scores) if scores else None  # a resumed run keeps its best so far
+    waited = len(scores) - 1 - scores.index(best) if scores else 0
     writer = tf.summary.create_file_writer(storage.join(run_dir, "logs"))  # TensorBoard
     iterator = iter(train_ds)
-    best, waited = None, 0
     for _ in range(int(epoch.numpy()), config.epochs):
         started = time.perf_counter()
         totals = np.zeros(3)
@@ -596,17 +608,6 @@ def _optimizer(keras, config: TrainConfig, steps_per_epoch: int):
         "adamw": keras.optimizers.AdamW,
         "rmsprop": keras.optimizers.RMSprop,
     }[config.optimizer](rate)
-
-
-def _local(path: str) -> str:
-    """A local copy of a file on any TF filesystem (Keras loads from local files)."""
-    if storage.is_local(path):
-        return storage.local_path(path)
-    import tempfile
-
-    local = os.path.join(tempfile.mkdtemp(prefix="chute-"), os.path.basename(path))
-    storage.gfile().copy(path, local, overwrite=True)
-    return local
 
 
 def _write(run_dir: str, name: str, value: Any) -> None:
