@@ -29,6 +29,8 @@ from chute.options import (
     RESIZE_MODES,
     ConvertOptions,
 )
+from chute.strategy import KINDS, PRECISIONS
+from chute.training import OPTIMIZERS, SCHEDULES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,18 +104,16 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--model", help="registry name (default: kannada-cnn)")
     train.add_argument("--epochs", type=int)
     train.add_argument("--batch-size", type=int, help="per replica (default: 128)")
-    train.add_argument("--optimizer", choices=("adam", "adamw", "sgd", "rmsprop"))
+    train.add_argument("--optimizer", choices=OPTIMIZERS)
     train.add_argument("--learning-rate", type=float)
-    train.add_argument("--schedule", choices=("constant", "cosine", "exponential"))
+    train.add_argument("--schedule", choices=SCHEDULES)
     train.add_argument("--label-smoothing", type=float)
     train.add_argument("--class-weights", choices=("balanced",))
     train.add_argument("--steps-per-execution", type=int)
     train.add_argument("--early-stopping", type=int, metavar="PATIENCE")
-    train.add_argument("--strategy", choices=("auto", "tpu", "gpu", "cpu", "multiworker"))
+    train.add_argument("--strategy", choices=KINDS)
     train.add_argument("--tpu", metavar="ADDRESS")
-    train.add_argument(
-        "--precision", choices=("auto", "float32", "mixed_float16", "mixed_bfloat16")
-    )
+    train.add_argument("--precision", choices=PRECISIONS)
     train.add_argument("--augment", help="comma-separated: flip,rotation,zoom,translation,...")
     train.add_argument("--weights", metavar="FILE", help="local weights file for the model")
     train.add_argument("--seed", type=int)

@@ -19,8 +19,9 @@ import logging
 import os
 
 from chute import storage
-from chute.bundle import MODEL_NAME, Bundle, load_bundle
+from chute.bundle import META_NAME, MODEL_NAME, Bundle, load_bundle
 from chute.errors import ChuteError
+from chute.options import one_of
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +58,7 @@ def export(
         >>> export("runs/kn/bundle", "kn-keras", format="keras")  # doctest: +SKIP
         'kn-keras'
     """
-    if format not in FORMATS:
-        raise ChuteError(
-            "`format` must be one of {"
-            + ", ".join(repr(f) for f in FORMATS)
-            + f"}}. Received: format={format!r}"
-        )
+    one_of("format", format, FORMATS)
     output = os.fspath(output)
     bundle = run_or_bundle if isinstance(run_or_bundle, Bundle) else load_bundle(run_or_bundle)
     _prepare_output(output, bundle.location, overwrite)
@@ -72,7 +68,7 @@ def export(
     else:
         _export_saved_model(bundle, output)
         meta = _saved_model_meta(bundle)
-    storage.write_atomic(storage.join(output, "chute.json"), meta.encode("utf-8"))
+    storage.write_atomic(storage.join(output, META_NAME), meta.encode("utf-8"))
     log.info("exported %s as %s to %s", bundle.location, format, output)
     return output
 
@@ -118,7 +114,7 @@ def _prepare_output(output: str, source: str, overwrite: bool) -> None:
                     f"`output` is a non-empty folder. Received: output={output!r}; choose a "
                     "new or empty folder, or pass overwrite=True (--overwrite) to replace it"
                 )
-            if not fs.exists(storage.join(output, "chute.json")):
+            if not fs.exists(storage.join(output, META_NAME)):
                 raise ChuteError(
                     "`overwrite` only replaces an earlier chute export (a folder with its "
                     f"chute.json). Received: output={output!r}, which holds other files"

@@ -20,6 +20,7 @@ from chute import storage
 from chute.errors import ChuteError
 
 MANIFEST_NAME = "manifest.json"
+WORK_DIR = ".chute-work"  # a conversion in progress keeps its state here
 FORMAT = "chute.manifest"
 VERSION = 1
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?\d+,\s*)*-?\d+)\s*\]")
@@ -116,7 +117,7 @@ def load(path: str | os.PathLike) -> Manifest:
     fs = storage.gfile()
     if not fs.exists(file):
         hint = ""
-        if fs.exists(storage.join(directory, ".chute-work")):
+        if fs.exists(storage.join(directory, WORK_DIR)):
             hint = " (a conversion started there but did not finish: run the same convert again)"
         raise ChuteError(f"No {MANIFEST_NAME} in {directory!r}: not a chute dataset{hint}")
     with fs.GFile(file, "rb") as handle:

@@ -18,7 +18,7 @@ from chute.options import ConvertOptions
 
 log = logging.getLogger(__name__)
 
-WORK_DIR = ".chute-work"
+WORK_DIR = manifest_lib.WORK_DIR
 REJECTS_NAME = "rejects.csv"
 _PLAN = "plan.json"
 

@@ -26,7 +26,7 @@ _RANK = {name: rank for rank, name in enumerate(SPLITS)}  # train outranks val o
 
 @dataclasses.dataclass
 class Split:
-    """Item indices per split, in record order, plus what deduplication did."""
+    """Item indices per split, in record order (deduplication happens later, see LeakGuard)."""
 
     indices: dict[str, list[int]]
 
