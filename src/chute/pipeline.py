@@ -12,7 +12,7 @@ The order of the pipeline, and why:
    were written in random order, so blocks are random samples; moving blocks
    instead of single records through the buffer costs a fraction (a
    per-record buffer took ~40% of the first pass).
-4. **Batch before parse and decode**: blocks are rebatched to the batch size,
+4. **Batch before parse and decode**: blocks are regrouped to the batch size,
    then one vectorised ``parse_example`` and one ``decode_raw`` run per batch
    instead of per image. PNG/JPEG decoders take one image: they run per image
    inside the batch, in parallel.
@@ -200,7 +200,10 @@ def load(
         # block boundaries move every epoch, so batches are random samples, at a
         # fraction of the cost of moving every record through a shuffle buffer.
         blocks = blocks.shuffle(max(1, shuffle_buffer // _SHUFFLE_BLOCK), seed=seed)
-    batched = blocks.rebatch(batch_size, drop_remainder=training)
+    # unbatch + batch rather than rebatch: rebatching blocks that are themselves
+    # slices makes TF 2.21 log "Tensor RefCount not reliable if buf_ points to a
+    # SubBuffer" at ERROR level for every batch (thousands of lines per epoch).
+    batched = blocks.unbatch().batch(batch_size, drop_remainder=training)
     if cache_target is not None and encoding != "raw":
         batched = batched.map(finish, **parallel)
     else:
