@@ -4,25 +4,29 @@ The order of the pipeline, and why:
 
 1. **Shard order reshuffled every epoch** (training): files are the unit of
    parallel reading; a fresh order per epoch varies what is read together.
-2. **Parallel interleave** of the shards, ``deterministic=False`` unless a
-   seed or evaluation asks for a fixed order: a slow file never stalls the rest.
-3. **Shuffle buffer of record blocks** (training): each shard is read in
-   blocks of 16 records whose boundaries move every epoch (a random start
-   offset per shard), and the blocks go through the shuffle buffer. Shards
-   were written in random order, so blocks are random samples; moving blocks
-   instead of single records through the buffer costs a fraction (a
-   per-record buffer took ~40% of the first pass).
-4. **Batch before parse and decode**: blocks are regrouped to the batch size,
-   then one vectorised ``parse_example`` and one ``decode_raw`` run per batch
-   instead of per image. PNG/JPEG decoders take one image: they run per image
-   inside the batch, in parallel.
-5. **Cache** (``cache="auto"``): when the decoded split fits the memory budget
-   it is kept in RAM after the first epoch: raw records as they are (they are
-   the pixels), PNG/JPEG as decoded images, so later epochs skip the files.
-   Cached epochs replay the first epoch's blocks (their shard order and
-   boundaries); only the order of the blocks is shuffled afresh.
-6. Resize (only if another size is asked for), cast, **augment** (training
-   only, batched, seeded), **prefetch**.
+2. **Parallel interleave** of up to ``max(4, cores)`` shards at a time,
+   ``deterministic=False`` unless a seed, evaluation or sharding by record
+   asks for a fixed order: a slow file never stalls the rest.
+3. **Parse and decode where the records are read**: each shard is read in
+   blocks of 128-256 records (in training a new block size per shard and
+   epoch, so block boundaries move); one function call per block parses it
+   with one vectorised ``parse_example``, checks it (record count at the
+   shard's end, image length or signature) and, for raw images, decodes it
+   with one ``decode_raw``. PNG/JPEG images are then decoded one per parallel
+   call. From here on the data are dense pixels: regrouping them is a memory
+   copy, not work per record. (Per-record and per-small-block steps on
+   serialized records cost more than parsing them: see benchmarks/README.md.)
+4. **Cache** (``cache="auto"``): when the decoded split fits the memory budget
+   the decoded blocks are kept in RAM after the first epoch, so later epochs
+   skip the files. Mixing (below) is fresh in every epoch.
+5. **Shuffle** (training): blocks are regrouped into windows of
+   ``shuffle_buffer`` records (at most 256 MB of pixels), which hold blocks
+   from several shards; each window is permuted with one gather, finished
+   (resize, cast, augment, labels) and cut into full batches. Shards were
+   written in random order, so each block is already a random sample.
+6. **Evaluation**: blocks are regrouped into batches in a fixed order and
+   finished batch by batch.
+7. **Prefetch**.
 
 Training batches drop the remainder (static shapes for TPU/XLA); evaluation
 (``training=False``) sees every example exactly once: in order, no shuffle,
@@ -46,8 +50,14 @@ log = logging.getLogger(__name__)
 
 LABEL_MODES = ("int", "categorical", "binary", None)
 DTYPES = ("uint8", "float32", "bfloat16")
-_SHUFFLE_BLOCK = 16  # records that travel together from a shard to a batch
-_COUNT_BLOCK = 1024  # records read (and counted) from a shard at a time
+_BLOCK = 256  # records read, checked and decoded together from one shard
+_WINDOW_BYTES = 256 << 20  # the most decoded pixels one shuffle window holds
+
+
+def _plain(tf, function):
+    """``function`` traced as written: it has no Python control flow on tensors,
+    and skipping AutoGraph's source conversion makes building a dataset faster."""
+    return tf.autograph.experimental.do_not_convert(function)
 
 
 def _memory_budget() -> int:
@@ -96,7 +106,9 @@ def load(
         cache: ``"auto"`` (keep decoded images in RAM when the split fits a
             quarter of physical memory), ``"memory"``, ``"disk:PATH"`` or ``None``.
         seed: makes shuffling, interleave order and augmentation reproducible.
-        shuffle_buffer: records in the shuffle buffer (training).
+        shuffle_buffer: records mixed together (training): batches are drawn
+            from windows of this many records read from several shards, at
+            most 256 MB of pixels.
         pad_final_batch: evaluation only: pad the last batch to full size and
             yield ``(images, labels, weights)`` with weight 0 on the padding.
         repeat: repeat forever (training); ``len()`` is then infinite.
@@ -166,48 +178,39 @@ def load(
     file_ids = tf.data.Dataset.range(len(files))
     if moving:
         file_ids = file_ids.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        offsets = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-        file_ids = tf.data.Dataset.zip(file_ids, offsets.map(lambda r: r % _SHUFFLE_BLOCK))
+        # blocks of 128-256 records, a new size per shard and epoch: boundaries move
+        sizes = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        sizes = sizes.map(_plain(tf, lambda r: _BLOCK // 2 + r % (_BLOCK // 2 + 1)))
     else:
-        file_ids = file_ids.map(lambda i: (i, tf.constant(0, tf.int64)))
-    reader = _shard_reader(tf, files, counts, skip_corrupt, counters["corrupt"])
-    blocks = file_ids.interleave(
-        reader,
-        cycle_length=min(len(files), 16),
+        sizes = tf.data.Dataset.from_tensors(tf.constant(_BLOCK, tf.int64)).repeat()
+    reader = _shard_reader(tf, manifest, files, counts, skip_corrupt, counters["corrupt"])
+    blocks = tf.data.Dataset.zip(file_ids, sizes).interleave(
+        _plain(tf, reader),
+        cycle_length=min(len(files), max(4, os.cpu_count() or 1)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic,
     )
     if record_sharded:
-        blocks = blocks.unbatch().shard(pipelines, index).batch(_SHUFFLE_BLOCK)
-
-    decode = _decoder(
-        tf, manifest, files, encoding, (height, width, channels), skip_corrupt, counters
-    )
-    # Training batches are all full (drop_remainder): say so in the static shape.
-    static_batch = batch_size if training and not skip_corrupt else None
-    finish = _finisher(
-        tf, manifest, dtype, label_mode, augmenter, (static_batch, height, width, channels)
-    )
+        blocks = blocks.unbatch().shard(pipelines, index).batch(_BLOCK)
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
-    if cache_target is not None and encoding != "raw":
-        # PNG/JPEG: cache decoded blocks, so later epochs skip decoding too.
-        blocks = decode(blocks, **parallel)
+    if encoding != "raw":
+        blocks = _decoded(tf, blocks, spec, (height, width, channels), skip_corrupt, counters)
     if cache_target is not None:
-        # Raw blocks are the pixels already (plus a few bytes): cached as they are.
-        blocks = blocks.cache(cache_target)
+        blocks = blocks.cache(cache_target)  # decoded pixels: later epochs skip the files
+    resize = encoding == "raw" and (spec["height"], spec["width"]) != (height, width)
+    finish = _finisher(tf, manifest, dtype, label_mode, augmenter, resize, (height, width, channels))
     if training:
-        # Shuffle blocks of records: each shard was written in random order, and
-        # block boundaries move every epoch, so batches are random samples, at a
-        # fraction of the cost of moving every record through a shuffle buffer.
-        blocks = blocks.shuffle(max(1, shuffle_buffer // _SHUFFLE_BLOCK), seed=seed)
-    # unbatch + batch rather than rebatch: rebatching blocks that are themselves
-    # slices makes TF 2.21 log "Tensor RefCount not reliable if buf_ points to a
-    # SubBuffer" at ERROR level for every batch (thousands of lines per epoch).
-    batched = blocks.unbatch().batch(batch_size, drop_remainder=training)
-    if cache_target is not None and encoding != "raw":
-        batched = batched.map(finish, **parallel)
+        # the window holds stored pixels, then finished ones (float32: 4 bytes each)
+        per_record = height * width * channels * (1 if dtype == "uint8" else 4)
+        if encoding == "raw":
+            per_record = max(per_record, spec["height"] * spec["width"] * channels)
+        window = min(shuffle_buffer, max(batch_size, _WINDOW_BYTES // per_record))
+        if window < shuffle_buffer:
+            log.info("shuffle window: %d records (%d MB of pixels)", window, _WINDOW_BYTES >> 20)
+        batched = _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish)
     else:
-        batched = decode(batched, finish, batch=batch_size, drop_remainder=training, **parallel)
+        batched = blocks.rebatch(batch_size, drop_remainder=False)
+        batched = batched.map(_plain(tf, finish), **parallel)
     if not skip_corrupt:  # the manifest knows the size: Keras shows real step counts
         steps = num_examples // batch_size if training else -(-num_examples // batch_size)
         batched = batched.apply(tf.data.experimental.assert_cardinality(steps))
@@ -293,149 +296,164 @@ def _cache_target(cache, manifest, split, spec) -> str | None:
     return "" if fits else None
 
 
-def _shard_reader(tf, files, counts, skip_corrupt, corrupt):
-    """``(file index, offset) -> blocks of (records, shard index)``; a shard that fails its CRC, is
-    truncated or missing raises an error naming it (or, with skip_corrupt, ends
-    there and counts what it lost).
-
-    Records are counted a block at a time: a per-record count (``scan``) would
-    cost more than parsing them.
-    """
-    names = tf.constant(files)
-    expected = tf.constant(counts, tf.int64)
-
-    def read(file_index, offset):
-        path = names[file_index]
-        want = expected[file_index]
-        records_ds = tf.data.TFRecordDataset(path)
-        # Start ``offset`` records in and read those last: block boundaries move.
-        records_ds = records_ds.skip(offset).concatenate(records_ds.take(offset))
-        records_ds = records_ds.ignore_errors()  # a bad record ends the shard; counted below
-        # Counted in large batches (a check per small block costs more than the
-        # parsing), then cut into the small blocks that get shuffled.
-        tagged = records_ds.batch(_COUNT_BLOCK).map(lambda r: (r, False))
-        end = tf.data.Dataset.from_tensors((tf.constant([b""]), True))
-
-        def count(seen, element):
-            block, is_end = element
-            if skip_corrupt:
-                lost = tf.where(is_end, want - seen, tf.constant(0, tf.int64))
-                update = corrupt.assign_add(lost)
-                check = [update]
-            else:
-                check = [
-                    tf.debugging.Assert(
-                        tf.logical_or(tf.logical_not(is_end), tf.equal(seen, want)),
-                        [
-                            "chute: shard",
-                            path,
-                            "is corrupt, truncated or missing: read",
-                            seen,
-                            "of",
-                            want,
-                            "records. Run `chute verify`, or pass skip_corrupt=True",
-                        ],
-                    )
-                ]
-            with tf.control_dependencies(check):
-                size = tf.cast(tf.size(block), tf.int64) * tf.cast(tf.logical_not(is_end), tf.int64)
-                return seen + size, (block, is_end)
-
-        return (
-            tagged.concatenate(end)
-            .scan(tf.constant(0, tf.int64), count)
-            .filter(lambda block, is_end: tf.logical_not(is_end))
-            # each record carries its shard's index, so a decode error can name it
-            .map(lambda block, is_end: (block, tf.fill(tf.shape(block), file_index)))
-            .rebatch(_SHUFFLE_BLOCK)
-        )
-
-    return read
-
-
 _SIGNATURES = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8"}
 
 
-def _decoder(tf, manifest, files, encoding, size, skip_corrupt, counters):
-    """``batches of (records, shard ids) -> batches of (uint8 images, int labels)``.
+def _shard_reader(tf, manifest, files, counts, skip_corrupt, corrupt):
+    """``(file index, block size) -> blocks of (images, labels)`` read from one shard.
 
-    A record whose image does not match the manifest (wrong raw length, not a
-    PNG/JPEG) raises an error naming its shard, or with ``skip_corrupt`` is
-    dropped and counted.
+    Each block is parsed in one vectorised ``parse_example`` and checked: raw
+    images must have the manifest's length (and are decoded with one
+    ``decode_raw``), PNG/JPEG ones its signature (they come out as bytes, for
+    the per-image decoder). A shard that fails its CRC, is truncated or
+    missing ends early; an empty block marks each shard's end, where the
+    records read are compared with the manifest's count. Both kinds of
+    problem raise an error naming the shard, or with ``skip_corrupt`` are
+    dropped and counted. One function call per block: per-record (or
+    per-small-block) steps cost more than the parsing itself.
     """
-    height, width, channels = size
-    stored_h, stored_w = manifest.image["height"], manifest.image["width"]
     names = tf.constant(files)
+    expected = tf.constant(counts, tf.int64)
+    spec = manifest.image
+    encoding = spec["encoding"]
     features = {
         records.IMAGE: tf.io.FixedLenFeature([], tf.string),
         records.CLASS: tf.io.FixedLenFeature([], tf.int64),
     }
+    if encoding == "raw":
+        shape = [-1, spec["height"], spec["width"], spec["channels"]]
+        problem = "have raw images of the wrong length"
+    else:
+        signature = _SIGNATURES[encoding]
+        problem = f"are not {encoding.upper()} images"
 
-    def decode_one(data):
+    def read(file_index, size):
+        path, want = names[file_index], expected[file_index]
+
+        def step(seen, block):
+            read_now = tf.size(block, out_type=tf.int64)
+            parsed = tf.io.parse_example(block, features)
+            data, labels = parsed[records.IMAGE], parsed[records.CLASS]
+            if encoding == "raw":
+                ok = tf.equal(tf.strings.length(data), shape[1] * shape[2] * shape[3])
+            else:
+                ok = tf.equal(tf.strings.substr(data, 0, len(signature)), signature)
+            at_end = tf.equal(read_now, 0)
+            if skip_corrupt:
+                lost = tf.where(at_end, want - seen, tf.constant(0, tf.int64))
+                bad = tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64))
+                checks = [corrupt.assign_add(lost + bad)]
+                data, labels = tf.boolean_mask(data, ok), tf.boolean_mask(labels, ok)
+            else:
+                checks = [
+                    _check(tf, tf.logical_or(tf.logical_not(at_end), tf.equal(seen, want)),
+                           ["chute: shard", path, "is corrupt, truncated or missing: read", seen,
+                            "of", want, "records. Run `chute verify`, or pass skip_corrupt=True"]),
+                    _check(tf, tf.reduce_all(ok),
+                           ["chute: records in shard", path, problem,
+                            "(run `chute verify`, or pass skip_corrupt=True)"]),
+                ]  # fmt: skip
+            with tf.control_dependencies(checks):
+                if encoding == "raw":
+                    return seen + read_now, (tf.reshape(tf.io.decode_raw(data, tf.uint8), shape), labels)
+                return seen + read_now, (tf.identity(data), labels)
+
+        # A bad record ends the shard (ignore_errors); the count at the end tells.
+        blocks = _records(tf, path).ignore_errors().batch(size)
+        blocks = blocks.concatenate(tf.data.Dataset.from_tensors(tf.constant([], tf.string)))
+        return blocks.scan(tf.constant(0, tf.int64), _plain(tf, step))
+
+    return read
+
+
+def _check(tf, condition, message):
+    """An assertion that raises InvalidArgumentError with ``message`` when ``condition`` is false.
+
+    The plain op: ``tf.debugging.Assert`` wraps string messages in a ``tf.cond``,
+    which costs tracing time on every dataset built.
+    """
+    return tf.raw_ops.Assert(condition=condition, data=message, summarize=3)
+
+
+def _records(tf, path):
+    """The records of one TFRecord file.
+
+    ``tf.data.TFRecordDataset(path)`` wraps the reader of one file in a
+    ``flat_map`` over a one-name list: one more function to trace and run per
+    shard. The reader class it wraps is used directly when present.
+    """
+    try:
+        from tensorflow.python.data.ops.readers import _TFRecordDataset
+    except ImportError:  # pragma: no cover - a TensorFlow that moved it
+        return tf.data.TFRecordDataset(path)
+    return _TFRecordDataset(path)
+
+
+def _decoded(tf, blocks, spec, size, skip_corrupt, counters):
+    """Blocks of PNG/JPEG bytes -> blocks of uint8 images, one image per parallel call.
+
+    Decoders take one image at a time. With ``skip_corrupt`` an image that does
+    not decode is dropped; ``started - decoded`` counts the drops.
+    """
+    height, width, channels = size
+    encoding, stored = spec["encoding"], (spec["height"], spec["width"])
+
+    def decode_one(data, label):
         if encoding == "png":
             image = tf.io.decode_png(data, channels=channels)
         else:
             image = tf.io.decode_jpeg(data, channels=channels)
-        if stored_h is None or (stored_h, stored_w) != (height, width):
+        if stored != (height, width):  # stored at another size, or each at its own
             image = tf.cast(tf.round(tf.image.resize(image, (height, width))), tf.uint8)
-        return tf.ensure_shape(image, (height, width, channels))
-
-    def checked(batch, shard_ids):
-        """Parses a batch; keeps (or insists on) records whose image looks right."""
-        parsed = tf.io.parse_example(batch, features)
-        data, labels = parsed[records.IMAGE], parsed[records.CLASS]
-        if encoding == "raw":
-            ok = tf.equal(tf.strings.length(data), stored_h * stored_w * channels)
-            problem = "have raw images of the wrong length"
-        else:
-            signature = _SIGNATURES[encoding]
-            ok = tf.equal(tf.strings.substr(data, 0, len(signature)), signature)
-            problem = f"are not {encoding.upper()} images"
-        if skip_corrupt:
-            counters["corrupt"].assign_add(tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64)))
-            return tf.boolean_mask(data, ok), tf.boolean_mask(labels, ok)
-        first_bad = tf.argmin(tf.cast(ok, tf.int32))
-        check = tf.debugging.Assert(
-            tf.reduce_all(ok),
-            ["chute: records in shard", names[shard_ids[first_bad]], problem,
-             "(run `chute verify`, or pass skip_corrupt=True)"],
-        )  # fmt: skip
-        with tf.control_dependencies([check]):
-            return tf.identity(data), labels
-
-    def raw_batch(batch, shard_ids):
-        # one vectorised parse and one decode_raw for the whole batch
-        data, labels = checked(batch, shard_ids)
-        images = tf.reshape(tf.io.decode_raw(data, tf.uint8), [-1, stored_h, stored_w, channels])
-        if (stored_h, stored_w) != (height, width):
-            images = tf.cast(tf.round(tf.image.resize(images, (height, width))), tf.uint8)
-        return images, labels
+        return tf.ensure_shape(image, size), label
 
     def count(name):
-        def add(image, label):
+        def add(data, label):
             with tf.control_dependencies([counters[name].assign_add(1)]):
-                return tf.identity(image), label
+                return tf.identity(data), label
 
-        return add
+        return _plain(tf, add)
 
-    def apply(dataset, then=None, batch=_SHUFFLE_BLOCK, drop_remainder=False, **parallel):
-        """Decodes batches of records; ``then`` (the finisher) runs in the same map."""
-        fused = then or (lambda images, labels: (images, labels))
-        if encoding == "raw" and stored_h is not None:
-            return dataset.map(lambda b, ids: fused(*raw_batch(b, ids)), **parallel)
-        # PNG/JPEG decoders take one image: check a batch at once, then decode
-        # each image in a parallel map (cheaper than a loop inside each batch).
-        records_ds = dataset.map(checked, **parallel).unbatch()
-        one = lambda data, label: (decode_one(data), label)  # noqa: E731
-        if skip_corrupt:  # a bad image is dropped; started - decoded counts the drops
-            records_ds = records_ds.map(count("started")).map(one, **parallel)
-            records_ds = records_ds.ignore_errors().map(count("decoded"))
-        else:
-            records_ds = records_ds.map(one, **parallel)
-        decoded = records_ds.batch(batch, drop_remainder=drop_remainder)
-        return decoded.map(fused, **parallel) if then else decoded
+    parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True}
+    records_ds = blocks.unbatch()
+    if skip_corrupt:
+        records_ds = records_ds.map(count("started")).map(_plain(tf, decode_one), **parallel)
+        records_ds = records_ds.ignore_errors().map(count("decoded"))
+    else:
+        records_ds = records_ds.map(_plain(tf, decode_one), **parallel)
+    return records_ds.batch(_BLOCK)
 
-    return apply
+
+def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish):
+    """Training batches, all full: blocks regrouped into windows of about
+    ``window`` records, each window permuted, finished and cut into batches.
+
+    Blocks come from several shards at once, and shards were written in random
+    order, so a permuted window mixes records from several shards. Permuting,
+    casting and augmenting run once per window on decoded pixels, a cost per
+    window rather than per record. Only the split's last partial batch is
+    dropped (windows hold whole batches).
+    """
+    window = batch_size * max(1, window // batch_size)
+    keys = tf.data.Dataset.random(  # not the stream of block sizes
+        seed=None if seed is None else seed + 1, rerandomize_each_iteration=True
+    )
+
+    def cut(block, key):
+        images, labels = block
+        count = tf.shape(labels)[0]
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(count), seed=tf.stack([key, tf.constant(0, tf.int64)])
+        )[: count // batch_size * batch_size]
+        out = finish(tf.gather(images, order), tf.gather(labels, order))
+        single = not isinstance(out, tuple)
+        out = tuple(
+            tf.reshape(t, [-1, batch_size, *t.shape[1:]]) for t in ((out,) if single else out)
+        )
+        return out[0] if single else out
+
+    windows = tf.data.Dataset.zip(blocks.rebatch(window), keys)
+    return windows.map(_plain(tf, cut), **parallel).unbatch()
 
 
 _AUGMENTATIONS = {
@@ -470,15 +488,17 @@ def _augmenter(augment, seed):
     return keras.Sequential(layers)
 
 
-def _finisher(tf, manifest, dtype, label_mode, augmenter, shape):
+def _finisher(tf, manifest, dtype, label_mode, augmenter, resize, shape):
     num_classes = manifest.num_classes
 
     def finish(images, labels):
+        if resize:
+            images = tf.cast(tf.round(tf.image.resize(images, shape[:2])), tf.uint8)
         if augmenter is not None:
             images = augmenter(tf.cast(images, tf.float32), training=True)
             images = tf.cast(tf.clip_by_value(tf.round(images), 0, 255), tf.uint8)
-        images = tf.ensure_shape(images, shape)
-        labels = tf.ensure_shape(labels, shape[:1])
+        images = tf.ensure_shape(images, (None, *shape))
+        labels = tf.ensure_shape(labels, (None,))
         if dtype != "uint8":
             images = tf.cast(images, tf.float32) / 255.0
             if dtype == "bfloat16":
@@ -509,7 +529,7 @@ def _padded(tf, dataset, batch_size):
 
         return (*(pad_one(t) for t in batch), weights)
 
-    return dataset.map(pad)
+    return dataset.map(_plain(tf, pad))
 
 
 def _distributed(path, split, strategy, arguments):
