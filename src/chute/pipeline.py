@@ -198,7 +198,8 @@ def load(
     if cache_target is not None:
         blocks = blocks.cache(cache_target)  # decoded pixels: later epochs skip the files
     resize = encoding == "raw" and (spec["height"], spec["width"]) != (height, width)
-    finish = _finisher(tf, manifest, dtype, label_mode, augmenter, resize, (height, width, channels))
+    size = (height, width, channels)
+    finish = _finisher(tf, manifest, dtype, label_mode, augmenter, resize, size)
     if training:
         # the window holds stored pixels, then finished ones (float32: 4 bytes each)
         per_record = height * width * channels * (1 if dtype == "uint8" else 4)
@@ -355,7 +356,7 @@ def _shard_reader(tf, manifest, files, counts, skip_corrupt, corrupt):
                 ]  # fmt: skip
             with tf.control_dependencies(checks):
                 if encoding == "raw":
-                    return seen + read_now, (tf.reshape(tf.io.decode_raw(data, tf.uint8), shape), labels)
+                    data = tf.reshape(tf.io.decode_raw(data, tf.uint8), shape)
                 return seen + read_now, (tf.identity(data), labels)
 
         # A bad record ends the shard (ignore_errors); the count at the end tells.
