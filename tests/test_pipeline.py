@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import all_records, make_folder, write_image
+from conftest import all_records, decode, make_folder, read_records, write_image
 from PIL import Image
 
 import chute
@@ -328,6 +328,46 @@ def test_training_order_is_reshuffled_every_epoch(data, cache):
     first = [_key(e) for e in _examples(ds)]
     second = [_key(e) for e in _examples(ds)]
     assert first != second
+
+
+def _shard_of(out) -> dict[tuple[int, bytes], int]:
+    """Which training shard each example (label, pixels) was written to."""
+    manifest = chute.load_manifest(str(out))
+    return {
+        (r["class"], decode(r).tobytes()): number
+        for number, path in enumerate(manifest.shard_paths("train"))
+        for r in read_records(path)
+    }
+
+
+def test_training_batches_mix_records_of_several_shards(data):
+    shard_of = _shard_of(data.out())
+    assert len(set(shard_of.values())) == 3
+    ds = chute.load(data.out(), batch_size=6, training=True, seed=4)
+    mixed = [len({shard_of[_key(e)] for e in _examples([batch])}) for batch in ds]
+    assert len(mixed) == 3
+    assert max(mixed) > 1  # a batch is not a run of one shard's records
+
+
+@pytest.mark.parametrize("shuffle_buffer", [1, 5, 100])
+def test_any_shuffle_window_gives_full_batches_each_example_at_most_once(data, shuffle_buffer):
+    expected = _multiset(data.expected())
+    ds = chute.load(data.out(), batch_size=BATCH, training=True, shuffle_buffer=shuffle_buffer)
+    batches = list(ds)
+    assert [int(b[0].shape[0]) for b in batches] == [BATCH] * (18 // BATCH)
+    got = _multiset(_examples(batches))
+    assert max(got.values()) == 1 and all(k in expected for k in got)
+
+
+def test_shuffle_window_is_capped_by_memory(data, monkeypatch, caplog):
+    from chute import pipeline
+
+    monkeypatch.setattr(pipeline, "_WINDOW_BYTES", 2 * HEIGHT * WIDTH * 3)  # two images
+    with caplog.at_level("INFO", logger="chute.pipeline"):
+        ds = chute.load(data.out(), batch_size=BATCH, training=True, seed=1)
+    assert "shuffle window: 4 records" in caplog.text  # never less than one batch
+    got = _multiset(_examples(ds))
+    assert sum(got.values()) == 18 // BATCH * BATCH and max(got.values()) == 1
 
 
 # -- determinism, cache ---------------------------------------------------------------------------

@@ -52,6 +52,7 @@ LABEL_MODES = ("int", "categorical", "binary", None)
 DTYPES = ("uint8", "float32", "bfloat16")
 _BLOCK = 256  # records read, checked and decoded together from one shard
 _WINDOW_BYTES = 256 << 20  # the most decoded pixels one shuffle window holds
+_COUNTED = {"corrupt": 1, "started": 1, "decoded": -1}  # skipped = corrupt + started - decoded
 
 
 def _plain(tf, function):
@@ -166,9 +167,10 @@ def load(
     if num_examples == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
 
+    # Counts of skipped records (only skip_corrupt skips: otherwise they raise)
     counters = {
         name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f"chute_{name}")
-        for name in ("corrupt", "started", "decoded")
+        for name in (("corrupt", "started", "decoded") if skip_corrupt else ())
     }
     record_sharded = pipelines > 1 and not by_file
     # Evaluation, a seed, or sharding by record (every pipeline must see one order)
@@ -178,13 +180,12 @@ def load(
     file_ids = tf.data.Dataset.range(len(files))
     if moving:
         file_ids = file_ids.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        # blocks of 128-256 records, a new size per shard and epoch: boundaries move
-        sizes = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-        sizes = sizes.map(_plain(tf, lambda r: _BLOCK // 2 + r % (_BLOCK // 2 + 1)))
+        # a random block size per shard and epoch (see the reader): boundaries move
+        draws = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     else:
-        sizes = tf.data.Dataset.from_tensors(tf.constant(_BLOCK, tf.int64)).repeat()
-    reader = _shard_reader(tf, manifest, files, counts, skip_corrupt, counters["corrupt"])
-    blocks = tf.data.Dataset.zip(file_ids, sizes).interleave(
+        draws = tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)).repeat()
+    reader = _shard_reader(tf, manifest, files, counts, counters.get("corrupt"))
+    blocks = tf.data.Dataset.zip(file_ids, draws).interleave(
         _plain(tf, reader),
         cycle_length=min(len(files), max(4, os.cpu_count() or 1)),
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -228,7 +229,7 @@ def load(
     replicas = input_context.num_replicas_in_sync if input_context is not None else 1
     batched.global_batch_size = batch_size * replicas
     batched.corrupt_count = lambda: int(
-        counters["corrupt"].numpy() + counters["started"].numpy() - counters["decoded"].numpy()
+        sum(counters[name].numpy() * sign for name, sign in _COUNTED.items() if name in counters)
     )
     return batched
 
@@ -300,8 +301,8 @@ def _cache_target(cache, manifest, split, spec) -> str | None:
 _SIGNATURES = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8"}
 
 
-def _shard_reader(tf, manifest, files, counts, skip_corrupt, corrupt):
-    """``(file index, block size) -> blocks of (images, labels)`` read from one shard.
+def _shard_reader(tf, manifest, files, counts, corrupt):
+    """``(file index, draw) -> blocks of (images, labels)`` read from one shard.
 
     Each block is parsed in one vectorised ``parse_example`` and checked: raw
     images must have the manifest's length (and are decoded with one
@@ -309,8 +310,8 @@ def _shard_reader(tf, manifest, files, counts, skip_corrupt, corrupt):
     the per-image decoder). A shard that fails its CRC, is truncated or
     missing ends early; an empty block marks each shard's end, where the
     records read are compared with the manifest's count. Both kinds of
-    problem raise an error naming the shard, or with ``skip_corrupt`` are
-    dropped and counted. One function call per block: per-record (or
+    problem raise an error naming the shard, or, given a ``corrupt`` counter
+    (``skip_corrupt``), are dropped and counted. One function call per block: per-record (or
     per-small-block) steps cost more than the parsing itself.
     """
     names = tf.constant(files)
@@ -328,8 +329,12 @@ def _shard_reader(tf, manifest, files, counts, skip_corrupt, corrupt):
         signature = _SIGNATURES[encoding]
         problem = f"are not {encoding.upper()} images"
 
-    def read(file_index, size):
+    def read(file_index, draw):
         path, want = names[file_index], expected[file_index]
+        # blocks of _BLOCK records, or with a random draw of 128-256 records
+        size = tf.where(
+            draw < 0, tf.constant(_BLOCK, tf.int64), _BLOCK // 2 + draw % (_BLOCK // 2 + 1)
+        )
 
         def step(seen, block):
             read_now = tf.size(block, out_type=tf.int64)
@@ -340,7 +345,7 @@ def _shard_reader(tf, manifest, files, counts, skip_corrupt, corrupt):
             else:
                 ok = tf.equal(tf.strings.substr(data, 0, len(signature)), signature)
             at_end = tf.equal(read_now, 0)
-            if skip_corrupt:
+            if corrupt is not None:
                 lost = tf.where(at_end, want - seen, tf.constant(0, tf.int64))
                 bad = tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64))
                 checks = [corrupt.assign_add(lost + bad)]
