@@ -663,3 +663,53 @@ def test_encode_chunk_reports_rejects_and_keeps_going(tmp_path):
         encode.encode_one("e", 1, str(empty), spec)
     with pytest.raises(encode.Rejected):
         encode.encode_one("x", 0, str(tmp_path / "missing.png"), spec)
+
+
+# -- the OpenCV fast path for plain PNGs -----------------------------------------------------------
+
+
+def _chunk(kind: bytes, body: bytes = b"") -> bytes:
+    import zlib
+
+    return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+
+
+def test_png_chunk_walk_finds_chunk_types_not_their_letters():
+    ihdr = _chunk(b"IHDR", bytes(13))
+    signature = b"\x89PNG\r\n\x1a\n"
+    texted = signature + ihdr + _chunk(b"tEXt", b"note\0tRNS eXIf") + _chunk(b"IEND")
+    assert not encode._png_has_chunk(texted, (b"eXIf", b"tRNS"))
+    with_trns = signature + ihdr + _chunk(b"tRNS", bytes(6)) + _chunk(b"IEND")
+    assert encode._png_has_chunk(with_trns, (b"eXIf", b"tRNS"))
+    after_data = signature + ihdr + _chunk(b"IDAT", b"x") + _chunk(b"eXIf", b"y") + _chunk(b"IEND")
+    assert encode._png_has_chunk(after_data, (b"eXIf", b"tRNS"))
+    assert encode._png_has_chunk(texted[:-20], (b"eXIf",))  # truncated: Pillow decides
+
+
+def test_plain_png_takes_the_fast_path_with_the_same_pixels(tmp_path):
+    pixels = np.random.default_rng(3).integers(0, 256, (9, 7, 3), dtype=np.uint8)
+    path = write_image(tmp_path / "x.png", pixels)
+    spec = encode.ImageSpec(height=None, width=None, channels=3, encoding="raw")
+    assert encode._png_fast(path.read_bytes(), spec) is not None
+    np.testing.assert_array_equal(decode(encode_record(tmp_path, str(path), spec)), pixels)
+
+
+def test_png_with_orientation_or_transparency_goes_through_pillow(tmp_path):
+    stored = np.zeros((4, 8), np.uint8)
+    stored[:, :4] = 255  # white left half
+    exif = Image.Exif()
+    exif[ORIENTATION] = 6
+    rotated = tmp_path / "rotated.png"
+    Image.fromarray(stored).save(rotated, exif=exif)
+    spec = encode.ImageSpec(height=None, width=None, channels=1, encoding="raw")
+    assert encode._png_fast(rotated.read_bytes(), spec) is None
+    record = encode_record(tmp_path, str(rotated), spec)
+    np.testing.assert_array_equal(decode(record)[..., 0], np.rot90(stored, k=-1))
+
+    rgb = np.full((4, 4, 3), 200, np.uint8)
+    keyed = tmp_path / "keyed.png"
+    Image.fromarray(rgb).save(keyed, transparency=(200, 200, 200))
+    spec = encode.ImageSpec(height=None, width=None, channels=3, encoding="raw")
+    assert encode._png_fast(keyed.read_bytes(), spec) is None
+    expected = np.asarray(encode.to_channels(Image.open(keyed), 3))
+    np.testing.assert_array_equal(decode(encode_record(tmp_path, str(keyed), spec)), expected)

@@ -200,6 +200,24 @@ def resize(
     )
 
 
+def _png_has_chunk(data: bytes, types: tuple[bytes, ...]) -> bool:
+    """Whether a PNG has a chunk of one of ``types`` (or a chunk list that does not add up).
+
+    Walks the chunk headers: a few per file, cheaper than searching the bytes
+    (and a type's letters inside compressed data are not a chunk).
+    """
+    position, end = 8, len(data)
+    while position + 8 <= end:
+        length = int.from_bytes(data[position : position + 4], "big")
+        kind = data[position + 4 : position + 8]
+        if kind in types:
+            return True
+        if kind == b"IEND":
+            return False
+        position += 12 + length
+    return True  # truncated or malformed: let Pillow look at it
+
+
 def _png_fast(data: bytes, spec: ImageSpec) -> np.ndarray | None:
     """Decodes a plain 8-bit grayscale or RGB PNG that needs no conversion with
     OpenCV (faster than Pillow here, and lossless either way: same pixels).
@@ -214,7 +232,7 @@ def _png_fast(data: bytes, spec: ImageSpec) -> np.ndarray | None:
     wanted = {1: 0, 3: 2}[spec.channels]  # PNG colour type 0: grayscale, 2: RGB
     if bit_depth != 8 or color_type != wanted or width * height > spec.max_pixels:
         return None
-    if b"eXIf" in data or b"tRNS" in data:  # orientation or transparency: Pillow decides
+    if _png_has_chunk(data, (b"eXIf", b"tRNS")):  # orientation or transparency: Pillow decides
         return None
     pixels = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     if pixels is None or pixels.shape[:2] != (height, width):
