@@ -179,3 +179,35 @@ def test_verify_a_manifest_that_is_not_json(dataset):
     (dataset / "manifest.json").write_text("{not json")
     with pytest.raises(ChuteError, match="JSON"):
         chute.verify(dataset)
+
+
+def test_verify_on_a_tf_filesystem_downloads_each_shard_once(tmp_path, monkeypatch):
+    from chute import storage, verification
+
+    src = make_folder(tmp_path / "src", {"a": 10, "b": 8, "c": 6})
+    out = f"ram://verify-{tmp_path.name}"
+    chute.convert(src, out, val_fraction=0.25, min_shards=2, workers=1)
+    read_from = []
+    real_read = verification._read_records
+
+    def spy(path, manifest):
+        read_from.append(path)
+        return real_read(path, manifest)
+
+    monkeypatch.setattr(verification, "_read_records", spy)
+    report = chute.verify(out)
+    assert report.ok and report.num_records == 24
+    # The records come from the local copy made while hashing, not from ram:// again.
+    assert len(read_from) == 4 and all(storage.is_local(p) for p in read_from)
+    assert not any(Path(p).exists() for p in read_from)  # the copies are gone
+
+    path = f"{out}/{TRAIN0}"
+    fs = storage.gfile()
+    with fs.GFile(path, "rb") as handle:
+        data = bytearray(handle.read())
+    data[len(data) // 2] ^= 0xFF
+    with fs.GFile(path, "wb") as handle:
+        handle.write(bytes(data))
+    report = chute.verify(out)
+    assert _bad_files(report) == {TRAIN0}
+    assert any("sha256" in problem for _, problem in report.problems)

@@ -8,11 +8,13 @@ record count and per-class counts match.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 
 from chute import manifest as manifest_lib
 from chute import records, storage
@@ -105,13 +107,10 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> tuple[list[str
     size = fs.stat(path).length
     if size != shard["bytes"]:
         problems.append(f"size is {size} bytes, the manifest says {shard['bytes']} (truncated?)")
-    digest = hashlib.sha256()
-    with fs.GFile(path, "rb") as handle:
-        while block := handle.read(_READ_BLOCK):
-            digest.update(block)
-    if digest.hexdigest() != shard["sha256"]:
-        problems.append("sha256 differs from the manifest: the file changed or is corrupt")
-    count, class_counts, problem = _read_records(path, manifest)
+    with _hashed_copy(path) as (readable, digest):
+        if digest != shard["sha256"]:
+            problems.append("sha256 differs from the manifest: the file changed or is corrupt")
+        count, class_counts, problem = _read_records(readable, manifest)
     if problem:
         problems.append(problem)
     elif count != shard["num_records"]:
@@ -119,6 +118,31 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> tuple[list[str
     elif class_counts != shard["class_counts"]:
         problems.append("per-class counts differ from the manifest")
     return problems, count, class_counts
+
+
+@contextlib.contextmanager
+def _hashed_copy(path: str) -> Iterator[tuple[str, str]]:
+    """``(a path to read the records from, the file's sha256)``.
+
+    A local file is hashed where it is (the records are then read from the
+    page cache). A remote one (``gs://``) is copied to a temporary local file
+    while it is hashed, so verifying downloads each shard once, not twice.
+    """
+    fs = storage.gfile()
+    digest = hashlib.sha256()
+    if storage.is_local(path):
+        with fs.GFile(path, "rb") as handle:
+            while block := handle.read(_READ_BLOCK):
+                digest.update(block)
+        yield path, digest.hexdigest()
+        return
+    with tempfile.TemporaryDirectory(prefix="chute-verify-") as tmp:
+        local = os.path.join(tmp, "shard.tfrecord")
+        with fs.GFile(path, "rb") as handle, open(local, "wb") as copy:
+            while block := handle.read(_READ_BLOCK):
+                digest.update(block)
+                copy.write(block)
+        yield local, digest.hexdigest()
 
 
 def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list[int], str | None]:
