@@ -338,6 +338,18 @@ def test_predict_files_folders_globs(bundle_dir: Path, images: Path):
     assert reasons["corrupt.png"]  # Pillow's reason, whichever it is
 
 
+def test_predict_gives_the_same_answers_whatever_the_batch_size(bundle_dir: Path, images: Path):
+    # Images are decoded batch by batch; unreadable files fall inside batches.
+    whole = predict_all(bundle_dir, images)
+    for batch_size in (1, 2):
+        small = predict_all(bundle_dir, images, batch_size=batch_size)
+        assert [p.path for p in small.predictions] == [p.path for p in whole.predictions]
+        for a, b in zip(small.predictions, whole.predictions, strict=True):
+            assert [n for n, _ in a.top] == [n for n, _ in b.top]
+            assert [q for _, q in a.top] == pytest.approx([q for _, q in b.top], rel=1e-5)
+        assert small.failures == whole.failures
+
+
 def test_predict_top_k_and_outputs(bundle_dir: Path, images: Path):
     result = predict_all(bundle_dir, images, top_k=2)
     every = predict_all(bundle_dir, images)  # the default: 5, or every class when fewer

@@ -20,6 +20,12 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from chute import records, storage
+from chute.options import (
+    DEFAULT_INTERPOLATION,
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_QUALITY,
+    DEFAULT_RESIZE,
+)
 
 # We enforce our own pixel limit (ImageSpec.max_pixels) and reject, rather
 # than letting Pillow warn or raise at its built-in one.
@@ -60,10 +66,10 @@ class ImageSpec:
     width: int | None
     channels: int
     encoding: str
-    quality: int = 90
-    resize: str = "stretch"
-    interpolation: str = "bilinear"
-    max_pixels: int = 89_478_485
+    quality: int = DEFAULT_QUALITY
+    resize: str = DEFAULT_RESIZE
+    interpolation: str = DEFAULT_INTERPOLATION
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
 
 class Rejected(Exception):
@@ -244,8 +250,12 @@ def _load(payload: Any, spec: ImageSpec) -> tuple[Image.Image, bytes | None]:
     """Decodes an item; also returns the original bytes when they can be stored as is."""
     if isinstance(payload, np.ndarray):
         return Image.fromarray(np.ascontiguousarray(payload)), None  # L, RGB or RGBA
-    data = payload if isinstance(payload, bytes) else _read(payload)
-    image = _open(data, spec.max_pixels)
+    data = None
+    if isinstance(payload, Image.Image):
+        image = payload
+    else:
+        data = payload if isinstance(payload, bytes) else _read(payload)
+        image = _open(data, spec.max_pixels)
     try:
         image.load()  # full decode: truncated and corrupt data fail here
     except (OSError, ValueError, SyntaxError) as error:
@@ -257,6 +267,49 @@ def _load(payload: Any, spec: ImageSpec) -> tuple[Image.Image, bytes | None]:
     elif image.format == "JPEG" and spec.encoding == "jpeg" and spec.height is None:
         original = data  # keep_size: an upright JPEG in the right mode is stored untouched
     return image, original
+
+
+def load_pixels(payload: Any, spec: ImageSpec) -> tuple[np.ndarray, bytes | None]:
+    """One item as ``spec`` stores it: decoded, upright, converted and resized.
+
+    The single place where an input image becomes model pixels: ``chute
+    convert`` stores them, and prediction feeds them to a model, so both see
+    the same pixels.
+
+    Args:
+        payload: a path (local or TF filesystem), the file's bytes, a pixel
+            array, or a Pillow image.
+        spec: size, channels, resize mode and interpolation (``height`` None:
+            the image keeps its size).
+
+    Returns:
+        ``(pixels, original)``: uint8 pixels, ``(H, W)`` for one channel or
+        ``(H, W, 3)``; and the file's bytes when they can be stored unchanged
+        (an upright JPEG kept at its size as JPEG), else None.
+
+    Raises:
+        Rejected: the item cannot be read, decoded or converted (the message says why).
+
+    Example:
+        >>> spec = ImageSpec(height=75, width=75, channels=1, encoding="raw")
+        >>> load_pixels("glyph.png", spec)[0].shape  # doctest: +SKIP
+        (75, 75)
+    """
+    try:
+        original = None
+        pixels = _png_fast(payload, spec) if isinstance(payload, bytes) else None
+        if pixels is None:
+            image, original = _load(payload, spec)
+            if image.mode != ("L" if spec.channels == 1 else "RGB"):
+                original = None  # the stored JPEG must already be in the target mode
+            pixels = np.asarray(to_channels(image, spec.channels))
+        if spec.height is not None and spec.width is not None:
+            pixels = resize(pixels, spec.height, spec.width, spec.resize, spec.interpolation)
+    except Rejected:
+        raise
+    except (OSError, ValueError, SyntaxError, MemoryError, cv2.error) as error:
+        raise Rejected(f"cannot convert image: {error}") from None
+    return pixels, original
 
 
 class Encoded(NamedTuple):
@@ -297,32 +350,22 @@ def encode_one(key: str, label: int, payload: Any, spec: ImageSpec) -> bytes:
 
     ``payload`` is a path, the file's bytes, or a pixel array.
     """
-    try:
-        original = None
-        pixels = _png_fast(payload, spec) if isinstance(payload, bytes) else None
-        if pixels is None:
-            image, original = _load(payload, spec)
-            if image.mode != ("L" if spec.channels == 1 else "RGB"):
-                original = None  # the stored JPEG must already be in the target mode
-            pixels = np.asarray(to_channels(image, spec.channels))
-        if spec.height is not None and spec.width is not None:
-            pixels = resize(pixels, spec.height, spec.width, spec.resize, spec.interpolation)
-        height, width = pixels.shape[:2]
-        if original is not None:
-            data = original
-        elif spec.encoding == "raw":
-            data = pixels.tobytes()
-        else:
-            buffer = io.BytesIO()
+    pixels, original = load_pixels(payload, spec)
+    height, width = pixels.shape[:2]
+    if original is not None:
+        data = original
+    elif spec.encoding == "raw":
+        data = pixels.tobytes()
+    else:
+        buffer = io.BytesIO()
+        try:
             if spec.encoding == "png":
                 Image.fromarray(pixels).save(buffer, format="PNG", compress_level=6)
             else:
                 Image.fromarray(pixels).save(buffer, format="JPEG", quality=spec.quality)
-            data = buffer.getvalue()
-    except Rejected:
-        raise
-    except (OSError, ValueError, SyntaxError, MemoryError, cv2.error) as error:
-        raise Rejected(f"cannot convert image: {error}") from None
+        except (OSError, ValueError) as error:
+            raise Rejected(f"cannot convert image: {error}") from None
+        data = buffer.getvalue()
     return records.image_example(
         image=data,
         label=label,

@@ -21,6 +21,9 @@ ENCODINGS = ("raw", "png", "jpeg", "auto")
 DEFAULT_SHARD_SIZE_MB = 128.0  # the TF performance guide advises 100-200 MB per file
 DEFAULT_MIN_SHARDS = 16
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold
+DEFAULT_RESIZE = "stretch"
+DEFAULT_INTERPOLATION = "bilinear"
+DEFAULT_QUALITY = 90
 
 
 def bad_value(name: str, value: Any, allowed: str) -> ChuteError:
@@ -98,12 +101,12 @@ class ConvertOptions:
     """
 
     image_size: tuple[int, int] | None = None
-    resize: str = "stretch"
-    interpolation: str = "bilinear"
+    resize: str = DEFAULT_RESIZE
+    interpolation: str = DEFAULT_INTERPOLATION
     keep_size: bool = False
     color_mode: str = "auto"
     encoding: str = "auto"
-    quality: int = 90
+    quality: int = DEFAULT_QUALITY
     val_fraction: float = 0.0
     test_fraction: float = 0.0
     seed: int = 1337

@@ -27,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from chute import encode, storage
+from chute import encode, sources, storage
 from chute.bundle import Bundle, load_bundle
 from chute.errors import ChuteError
 from chute.options import DEFAULT_MAX_PIXELS
-from chute.sources import IMAGE_EXTENSIONS
 
 log = logging.getLogger(__name__)
 
@@ -158,31 +157,32 @@ def predict(
 
     import tensorflow as tf
 
-    pixels: list[np.ndarray] = []
+    # Images are decoded one batch at a time: memory holds a batch, not the input.
     paths: list[str] = []
-    for path in files:
-        try:
-            pixels.append(prepare_image(path, bundle))
-            paths.append(path)
-        except encode.Rejected as reason:
-            failures.append((path, str(reason)))
-    if not pixels:
-        log.warning("none of the %d files found could be read as an image", len(files))
-        return PredictResult([], _in_order(failures, entries, files))
-
+    outputs = []
+    size = min(batch_size, len(files))
     # The CPU, whatever the model was trained on: a bundle from a TPU or GPU
     # run must classify images on a machine that has neither.
     with tf.device("/cpu:0"):
-        model = bundle.model
-        outputs = []
-        size = min(batch_size, len(pixels))
-        for start in range(0, len(pixels), size):
-            chunk = np.stack(pixels[start : start + size])
+        for start in range(0, len(files), size):
+            pixels = []
+            for path in files[start : start + size]:
+                try:
+                    pixels.append(prepare_image(path, bundle))
+                    paths.append(path)
+                except encode.Rejected as reason:
+                    failures.append((path, str(reason)))
+            if not pixels:
+                continue
+            chunk = np.stack(pixels)
             if len(chunk) < size:  # one batch shape: the predict function is traced once
                 padding = np.zeros((size - len(chunk), *chunk.shape[1:]), np.uint8)
                 chunk = np.concatenate([chunk, padding])
-            out = np.asarray(model.predict_on_batch(chunk), np.float64)
-            outputs.append(out[: min(size, len(pixels) - start)])
+            out = np.asarray(bundle.model.predict_on_batch(chunk), np.float64)
+            outputs.append(out[: len(pixels)])
+    if not outputs:
+        log.warning("none of the %d files found could be read as an image", len(files))
+        return PredictResult([], _in_order(failures, entries, files))
     probs = np.concatenate(outputs)
     if probs.ndim != 2 or probs.shape[1] != bundle.num_classes:
         raise ChuteError(
@@ -205,6 +205,9 @@ def predict(
 def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
     """An image as the model's training data looked: ``(height, width, channels)`` uint8.
 
+    The same steps as ``chute convert`` (:func:`chute.encode.load_pixels`) with
+    the bundle's image size, channels, resize mode and interpolation.
+
     Args:
         source: a path (local or TF filesystem), the file's bytes, or a Pillow image.
         bundle: gives the size, channels, resize mode and interpolation.
@@ -216,47 +219,19 @@ def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
         >>> prepare_image("photo.jpg", load_bundle("runs/kn")).shape  # doctest: +SKIP
         (75, 75, 1)
     """
-    from PIL import Image, ImageOps
-
-    if isinstance(source, Image.Image):
-        image = source
-    else:
-        if isinstance(source, bytes):
-            data = source
-        else:
-            try:
-                data = storage.read_bytes(os.fspath(source))
-            except OSError as error:
-                raise encode.Rejected(f"cannot read file: {error.strerror or error}") from None
-        if not data:
-            raise encode.Rejected("empty file (0 bytes)")
-        try:
-            image = Image.open(io.BytesIO(data))
-        except Exception:  # any header Pillow rejects
-            raise encode.Rejected("not an image Pillow can identify") from None
-        width, height = image.size
-        if width * height > DEFAULT_MAX_PIXELS:
-            raise encode.Rejected(
-                f"too many pixels: {width}x{height} > max_pixels {DEFAULT_MAX_PIXELS}"
-            )
-        try:
-            image.load()  # full decode: truncated and corrupt data fail here
-        except Exception as error:  # untrusted bytes: any decoder failure is a bad file
-            raise encode.Rejected(f"corrupt or truncated image data: {error}") from None
-    try:
-        image = ImageOps.exif_transpose(image)
-        channels = bundle.image["channels"]
-        pixels = np.asarray(encode.to_channels(image, channels))
-        pixels = encode.resize(
-            pixels,
-            bundle.image["height"],
-            bundle.image["width"],
-            bundle.preprocessing["resize"],
-            bundle.preprocessing["interpolation"],
-        )
-    except Exception as error:
-        raise encode.Rejected(f"cannot convert image: {error}") from None
-    return pixels.reshape(*pixels.shape[:2], channels)
+    if not isinstance(source, bytes) and isinstance(source, str | os.PathLike):
+        source = os.fspath(source)
+    spec = encode.ImageSpec(
+        height=bundle.image["height"],
+        width=bundle.image["width"],
+        channels=bundle.image["channels"],
+        encoding="raw",
+        resize=bundle.preprocessing["resize"],
+        interpolation=bundle.preprocessing["interpolation"],
+        max_pixels=DEFAULT_MAX_PIXELS,
+    )
+    pixels, _ = encode.load_pixels(source, spec)
+    return pixels.reshape(*pixels.shape[:2], spec.channels)
 
 
 def _entries(images: Any) -> list[str]:
@@ -302,7 +277,7 @@ def _expand(entries: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def _no_images(folder: str) -> str:
-    return f"no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in this folder"
+    return f"no image files ({', '.join(sorted(sources.IMAGE_EXTENSIONS))}) in this folder"
 
 
 def _glob(pattern: str) -> list[str]:
@@ -312,27 +287,9 @@ def _glob(pattern: str) -> list[str]:
 
 
 def _walk(folder: str) -> list[str]:
-    """Image files under ``folder``, recursively, sorted; hidden entries skipped."""
-    out = []
-    if storage.is_local(folder):
-        seen = set()
-        for root, dirs, names in os.walk(storage.local_path(folder), followlinks=True):
-            real = os.path.realpath(root)
-            if real in seen:  # a symlink loop
-                dirs[:] = []
-                continue
-            seen.add(real)
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            out.extend(os.path.join(root, n) for n in names if _is_image(n))
-    else:
-        for root, dirs, names in storage.gfile().walk(folder):
-            dirs[:] = [d for d in dirs if not d.rstrip("/").startswith(".")]
-            out.extend(storage.join(root, n) for n in names if _is_image(n))
-    return sorted(out)
-
-
-def _is_image(name: str) -> bool:
-    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+    """Image files under ``folder``, recursively, sorted; hidden entries skipped
+    and symlink loops broken, as ``chute convert`` lists a class folder."""
+    return [storage.join(folder, rel) for rel in sources.image_files(folder)]
 
 
 def _in_order(

@@ -166,7 +166,7 @@ def _is_image(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _walk_images(top: str, outer: frozenset[str] = frozenset()) -> list[str]:
+def image_files(top: str, outer: frozenset[str] = frozenset()) -> list[str]:
     """Image paths under ``top`` relative to it (``/``-separated), sorted.
 
     Hidden files and folders are skipped; symlinked folders are followed
@@ -260,7 +260,7 @@ def _scan_folder(root: str) -> Source:
         for class_name in names:
             prefix = f"{split_name}/{class_name}" if split else class_name
             class_root = storage.join(split_root, class_name)
-            for rel in _walk_images(class_root, outer):
+            for rel in image_files(class_root, outer):
                 items.append(
                     Item(
                         key=f"{prefix}/{rel}",
