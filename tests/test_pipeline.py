@@ -152,9 +152,12 @@ def test_training_batches_hold_source_examples(data):
     assert got and all(_key(e) in expected for e in got)
 
 
-def test_path_may_be_the_manifest_file(data):
+def test_path_may_be_the_manifest_file_or_a_loaded_manifest(data):
     out = data.out()
     got = _examples(chute.load(out / "manifest.json", batch_size=BATCH, training=False))
+    assert _multiset(got) == _multiset(data.expected())
+    manifest = chute.load_manifest(out)
+    got = _examples(chute.load(manifest, batch_size=BATCH, training=False))
     assert _multiset(got) == _multiset(data.expected())
 
 

@@ -78,7 +78,7 @@ def evaluate(
         raise ChuteError(
             f"`split` must be one of {sorted(manifest.splits)}. Received: split={split!r}"
         )
-    dataset = pipeline.load(data, split, batch_size=batch_size, training=False, cache=None)
+    dataset = pipeline.load(manifest, split, batch_size=batch_size, training=False, cache=None)
     probabilities, labels = [], []
     samples: dict[int, np.ndarray] = {}  # one image per class, for the confusion picture
     for images, batch_labels in dataset:

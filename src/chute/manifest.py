@@ -104,15 +104,18 @@ def manifest_path(path: str | os.PathLike) -> tuple[str, str]:
     return path, storage.join(path, MANIFEST_NAME)
 
 
-def load(path: str | os.PathLike) -> Manifest:
+def load(path: str | os.PathLike | Manifest) -> Manifest:
     """Reads the manifest of a converted directory (local, ``gs://``, ``ram://``).
 
     Args:
-        path: the directory ``chute convert`` wrote, or its ``manifest.json``.
+        path: the directory ``chute convert`` wrote, or its ``manifest.json``;
+            a :class:`Manifest` already read is returned as it is.
 
     Raises:
         ChuteError: there is no manifest there, or it is not a chute manifest.
     """
+    if isinstance(path, Manifest):
+        return path
     directory, file = manifest_path(path)
     fs = storage.gfile()
     if not fs.exists(file):

@@ -70,7 +70,7 @@ def _memory_budget() -> int:
 
 
 def load(
-    path: str | os.PathLike,
+    path: str | os.PathLike | manifest_lib.Manifest,
     split: str = "train",
     *,
     batch_size: int = 128,
@@ -92,7 +92,7 @@ def load(
 
     Args:
         path: a directory written by ``chute convert`` (local, ``gs://``,
-            ``ram://``) or its ``manifest.json``.
+            ``ram://``), its ``manifest.json``, or the ``Manifest`` read from it.
         split: ``"train"``, ``"val"`` or ``"test"``.
         batch_size: examples per batch **per replica**; the global batch is
             ``batch_size * replicas`` (see ``input_context`` and ``strategy``).
@@ -540,12 +540,12 @@ def _padded(tf, dataset, batch_size):
 
 def _distributed(path, split, strategy, arguments):
     kwargs = {k: v for k, v in arguments.items() if k not in ("path", "split", "strategy")}
+    manifest = manifest_lib.load(path)  # read once, not once per input pipeline
 
     def dataset_fn(input_context):
-        return load(path, split, **dict(kwargs, input_context=input_context))
+        return load(manifest, split, **dict(kwargs, input_context=input_context))
 
     distributed = strategy.distribute_datasets_from_function(dataset_fn)
-    manifest = manifest_lib.load(path)
     distributed.class_names = list(manifest.class_names)
     distributed.per_replica_batch_size = kwargs["batch_size"]
     distributed.global_batch_size = kwargs["batch_size"] * strategy.num_replicas_in_sync

@@ -258,7 +258,7 @@ def train(
         per_worker_batch = global_batch // workers
         steps = min(pipeline.pipeline_sizes(manifest, "train", workers)) // per_worker_batch
         train_ds = pipeline.load(
-            data,
+            manifest,
             "train",
             batch_size=config.batch_size,
             label_mode=label_mode,
@@ -270,7 +270,7 @@ def train(
     # The whole global batch per step: Keras splits it across the replicas.
     else:
         train_ds = pipeline.load(
-            data,
+            manifest,
             "train",
             batch_size=global_batch,
             label_mode=label_mode,
@@ -279,7 +279,9 @@ def train(
         )
         steps = len(train_ds)
     val_ds = (
-        pipeline.load(data, "val", batch_size=global_batch, label_mode=label_mode, training=False)
+        pipeline.load(
+            manifest, "val", batch_size=global_batch, label_mode=label_mode, training=False
+        )
         if has_val
         else None
     )
