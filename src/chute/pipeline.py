@@ -21,12 +21,12 @@ The order of the pipeline, and why:
    skip the files. Mixing (below) is fresh in every epoch.
 5. **Shuffle** (training): blocks are regrouped into windows of
    ``shuffle_buffer`` records (at most 256 MB of pixels), which hold blocks
-   from several shards; each window is permuted with one gather, finished
-   (resize, cast, augment, labels) and cut into full batches. Shards were
-   written in random order, so each block is already a random sample.
-6. **Evaluation**: blocks are regrouped into batches in a fixed order and
-   finished batch by batch.
-7. **Prefetch**.
+   from several shards; each window is permuted with one gather and cut into
+   full batches. Shards were written in random order, so each block is
+   already a random sample. Evaluation regroups blocks into batches in a
+   fixed order instead.
+6. Per batch: resize (only if another size is asked for), cast, **augment**
+   (training only, batched, seeded), labels; then **prefetch**.
 
 Training batches drop the remainder (static shapes for TPU/XLA); evaluation
 (``training=False``) sees every example exactly once: in order, no shuffle,
@@ -195,24 +195,27 @@ def load(
         blocks = blocks.unbatch().shard(pipelines, index).batch(_BLOCK)
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
     if encoding != "raw":
-        blocks = _decoded(tf, blocks, spec, (height, width, channels), skip_corrupt, counters)
+        size = (height, width, channels)
+        blocks = _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel)
     if cache_target is not None:
         blocks = blocks.cache(cache_target)  # decoded pixels: later epochs skip the files
     resize = encoding == "raw" and (spec["height"], spec["width"]) != (height, width)
-    size = (height, width, channels)
-    finish = _finisher(tf, manifest, dtype, label_mode, augmenter, resize, size)
+    # Training batches are all full: say so in the static shape (TPU/XLA).
+    shape = (batch_size if training else None, height, width, channels)
+    finish = _finisher(tf, manifest, dtype, label_mode, augmenter, resize, shape)
     if training:
-        # the window holds stored pixels, then finished ones (float32: 4 bytes each)
-        per_record = height * width * channels * (1 if dtype == "uint8" else 4)
-        if encoding == "raw":
-            per_record = max(per_record, spec["height"] * spec["width"] * channels)
+        # a window holds decoded uint8 pixels: as stored (raw) or as decoded (PNG/JPEG)
+        per_record = channels * (
+            height * width if encoding != "raw" else spec["height"] * spec["width"]
+        )
         window = min(shuffle_buffer, max(batch_size, _WINDOW_BYTES // per_record))
         if window < shuffle_buffer:
             log.info("shuffle window: %d records (%d MB of pixels)", window, _WINDOW_BYTES >> 20)
-        batched = _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish)
+        batched = _mixed_batches(tf, blocks, batch_size, seed, parallel, window)
     else:
         batched = blocks.rebatch(batch_size, drop_remainder=False)
-        batched = batched.map(_plain(tf, finish), **parallel)
+    # per batch: resize, cast, augment (batched, seeded), labels
+    batched = batched.map(_plain(tf, finish), **parallel)
     if not skip_corrupt:  # the manifest knows the size: Keras shows real step counts
         steps = num_examples // batch_size if training else -(-num_examples // batch_size)
         batched = batched.apply(tf.data.experimental.assert_cardinality(steps))
@@ -395,7 +398,7 @@ def _records(tf, path):
     return _TFRecordDataset(path)
 
 
-def _decoded(tf, blocks, spec, size, skip_corrupt, counters):
+def _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel):
     """Blocks of PNG/JPEG bytes -> blocks of uint8 images, one image per parallel call.
 
     Decoders take one image at a time. With ``skip_corrupt`` an image that does
@@ -420,7 +423,6 @@ def _decoded(tf, blocks, spec, size, skip_corrupt, counters):
 
         return _plain(tf, add)
 
-    parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True}
     records_ds = blocks.unbatch()
     if skip_corrupt:
         records_ds = records_ds.map(count("started")).map(_plain(tf, decode_one), **parallel)
@@ -430,15 +432,15 @@ def _decoded(tf, blocks, spec, size, skip_corrupt, counters):
     return records_ds.batch(_BLOCK)
 
 
-def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish):
+def _mixed_batches(tf, blocks, batch_size, seed, parallel, window):
     """Training batches, all full: blocks regrouped into windows of about
-    ``window`` records, each window permuted, finished and cut into batches.
+    ``window`` records, each window permuted and cut into batches.
 
     Blocks come from several shards at once, and shards were written in random
-    order, so a permuted window mixes records from several shards. Permuting,
-    casting and augmenting run once per window on decoded pixels, a cost per
-    window rather than per record. Only the split's last partial batch is
-    dropped (windows hold whole batches).
+    order, so a permuted window mixes records from several shards. The
+    permutation is one gather on decoded pixels, a cost per window rather than
+    per record. Only the split's last partial batch is dropped (windows hold
+    whole batches).
     """
     window = batch_size * max(1, window // batch_size)
     keys = tf.data.Dataset.random(  # not the stream of block sizes
@@ -451,12 +453,10 @@ def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish):
         order = tf.random.experimental.stateless_shuffle(
             tf.range(count), seed=tf.stack([key, tf.constant(0, tf.int64)])
         )[: count // batch_size * batch_size]
-        out = finish(tf.gather(images, order), tf.gather(labels, order))
-        single = not isinstance(out, tuple)
-        out = tuple(
-            tf.reshape(t, [-1, batch_size, *t.shape[1:]]) for t in ((out,) if single else out)
+        return tuple(
+            tf.reshape(tf.gather(t, order), [-1, batch_size, *t.shape[1:]])
+            for t in (images, labels)
         )
-        return out[0] if single else out
 
     windows = tf.data.Dataset.zip(blocks.rebatch(window), keys)
     return windows.map(_plain(tf, cut), **parallel).unbatch()
@@ -499,12 +499,12 @@ def _finisher(tf, manifest, dtype, label_mode, augmenter, resize, shape):
 
     def finish(images, labels):
         if resize:
-            images = tf.cast(tf.round(tf.image.resize(images, shape[:2])), tf.uint8)
+            images = tf.cast(tf.round(tf.image.resize(images, shape[1:3])), tf.uint8)
         if augmenter is not None:
             images = augmenter(tf.cast(images, tf.float32), training=True)
             images = tf.cast(tf.clip_by_value(tf.round(images), 0, 255), tf.uint8)
-        images = tf.ensure_shape(images, (None, *shape))
-        labels = tf.ensure_shape(labels, (None,))
+        images = tf.ensure_shape(images, shape)
+        labels = tf.ensure_shape(labels, shape[:1])
         if dtype != "uint8":
             images = tf.cast(images, tf.float32) / 255.0
             if dtype == "bfloat16":
