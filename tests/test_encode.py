@@ -713,3 +713,28 @@ def test_png_with_orientation_or_transparency_goes_through_pillow(tmp_path):
     assert encode._png_fast(keyed.read_bytes(), spec) is None
     expected = np.asarray(encode.to_channels(Image.open(keyed), 3))
     np.testing.assert_array_equal(decode(encode_record(tmp_path, str(keyed), spec)), expected)
+
+
+def test_any_decoder_exception_rejects_the_image_only(tmp_path, monkeypatch):
+    """Pillow's plugins raise more than OSError on hostile files (struct.error,
+    IndexError, ...): such an image is rejected, the rest still converted."""
+    import struct
+
+    from PIL import ImageFile
+
+    good = write_image(tmp_path / "src" / "a" / "good.png", size=(4, 4))
+    odd = write_image(tmp_path / "src" / "a" / "odd.bmp", size=(4, 4))
+    real_load = ImageFile.ImageFile.load
+
+    def load(self):
+        if self.format == "BMP":
+            raise struct.error("unpack requires a buffer of 4 bytes")
+        return real_load(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    spec = encode.ImageSpec(height=4, width=4, channels=1, encoding="raw")
+    with pytest.raises(encode.Rejected, match="unpack requires"):
+        encode.encode_one("odd", 0, str(odd), spec)
+    assert encode.encode_one("good", 0, str(good), spec)
+    result = convert(tmp_path / "src", tmp_path / "out", image_size=4, color_mode="grayscale")
+    assert [r["key"] for r in result.manifest.rejects] == ["a/odd.bmp"]

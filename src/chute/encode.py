@@ -88,7 +88,7 @@ def _open(source: bytes | Any, max_pixels: int) -> Image.Image:
             image = Image.open(source)
     except UnidentifiedImageError:
         raise Rejected("not an image Pillow can identify") from None
-    except (OSError, ValueError, SyntaxError) as error:
+    except Exception as error:  # untrusted bytes: any parser failure is a bad file
         raise Rejected(f"unreadable image header: {error}") from None
     width, height = image.size
     if width * height > max_pixels:
@@ -258,7 +258,7 @@ def _load(payload: Any, spec: ImageSpec) -> tuple[Image.Image, bytes | None]:
         image = _open(data, spec.max_pixels)
     try:
         image.load()  # full decode: truncated and corrupt data fail here
-    except (OSError, ValueError, SyntaxError) as error:
+    except Exception as error:  # untrusted bytes: any decoder failure is a bad file
         raise Rejected(f"corrupt or truncated image data: {error}") from None
     original = None
     orientation = _orientation(image)
@@ -307,7 +307,7 @@ def load_pixels(payload: Any, spec: ImageSpec) -> tuple[np.ndarray, bytes | None
             pixels = resize(pixels, spec.height, spec.width, spec.resize, spec.interpolation)
     except Rejected:
         raise
-    except (OSError, ValueError, SyntaxError, MemoryError, cv2.error) as error:
+    except Exception as error:  # untrusted images: a failure rejects this one only
         raise Rejected(f"cannot convert image: {error}") from None
     return pixels, original
 

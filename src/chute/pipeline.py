@@ -6,7 +6,9 @@ The order of the pipeline, and why:
    parallel reading; a fresh order per epoch varies what is read together.
 2. **Parallel interleave** of up to ``max(4, cores)`` shards at a time,
    ``deterministic=False`` unless a seed, evaluation or sharding by record
-   asks for a fixed order: a slow file never stalls the rest.
+   asks for a fixed order (then 16 at a time on any machine): a slow file
+   never stalls the rest. A missing shard reads as empty (and is reported as
+   below) rather than being retried.
 3. **Parse and decode where the records are read**: each shard is read in
    blocks of 128-256 records (in training a new block size per shard and
    epoch, so block boundaries move); one function call per block parses it
@@ -18,9 +20,11 @@ The order of the pipeline, and why:
    serialized records cost more than parsing them: see benchmarks/README.md.)
 4. **Cache** (``cache="auto"``): when the decoded split fits the memory budget
    the decoded blocks are kept in RAM after the first epoch, so later epochs
-   skip the files. Mixing (below) is fresh in every epoch.
+   skip the files. Cached blocks come back in the first epoch's order, so in
+   training they go through a shuffle buffer of about a window's worth of
+   blocks (so does a fixed read order, when input pipelines share records).
 5. **Shuffle** (training): blocks are regrouped into windows of
-   ``shuffle_buffer`` records (at most 256 MB of pixels), which hold blocks
+   ``shuffle_buffer`` records (at most 128 MB of pixels), which hold blocks
    from several shards; each window is permuted with one gather and cut into
    full batches. Shards were written in random order, so each block is
    already a random sample. Evaluation regroups blocks into batches in a
@@ -37,6 +41,8 @@ that Keras's ``evaluate`` uses as ``sample_weight``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 from typing import Any
@@ -51,7 +57,8 @@ log = logging.getLogger(__name__)
 LABEL_MODES = ("int", "categorical", "binary", None)
 DTYPES = ("uint8", "float32", "bfloat16")
 _BLOCK = 256  # records read, checked and decoded together from one shard
-_WINDOW_BYTES = 256 << 20  # the most decoded pixels one shuffle window holds
+_CYCLE = 16  # shards read at a time when the order must be reproducible
+_WINDOW_BYTES = 128 << 20  # the most decoded pixels one shuffle window holds
 _COUNTED = {"corrupt": 1, "started": 1, "decoded": -1}  # skipped = corrupt + started - decoded
 
 
@@ -106,15 +113,20 @@ def load(
             ``contrast``, ``brightness``, or Keras layers; training only.
         cache: ``"auto"`` (keep decoded images in RAM when the split fits a
             quarter of physical memory), ``"memory"``, ``"disk:PATH"`` or ``None``.
-        seed: makes shuffling, interleave order and augmentation reproducible.
+        seed: makes shuffling, interleave order and augmentation reproducible
+            (with a seed, augmentation runs one batch at a time).
         shuffle_buffer: records mixed together (training): batches are drawn
             from windows of this many records read from several shards, at
-            most 256 MB of pixels.
+            most 128 MB of pixels each (about four windows are held at once).
         pad_final_batch: evaluation only: pad the last batch to full size and
             yield ``(images, labels, weights)`` with weight 0 on the padding.
         repeat: repeat forever (training); ``len()`` is then infinite.
-        skip_corrupt: skip records that fail their CRC or do not decode, and
-            count them in ``ds.corrupt_count()``, instead of raising.
+        skip_corrupt: instead of raising, skip what is damaged and count it in
+            ``ds.corrupt_count()`` (exact after a full pass): a missing shard,
+            the rest of a shard after a record that fails its CRC or is
+            truncated, images of the wrong length or that do not decode. A
+            record with a valid CRC that is not a ``tf.train.Example`` still
+            raises. ``len(ds)`` is then unknown.
         input_context: a ``tf.distribute.InputContext``: read this input
             pipeline's part (by shard when there are enough shards, else by record).
         strategy: a ``tf.distribute.Strategy``: return
@@ -123,12 +135,14 @@ def load(
     Returns:
         A ``tf.data.Dataset`` with ``class_names``, ``num_examples``,
         ``per_replica_batch_size``, ``global_batch_size`` and ``corrupt_count()``;
-        ``len(ds)`` is the exact number of batches of an epoch.
+        ``len(ds)`` is the exact number of batches of an epoch (unless
+        ``skip_corrupt`` or ``repeat``).
 
     Raises:
         ChuteError: for a bad argument or a path that is not a chute dataset.
         tf.errors.InvalidArgumentError: while iterating, naming the shard, when
-            a shard is corrupt or truncated (unless ``skip_corrupt``).
+            a shard is corrupt, truncated or missing, or an image does not
+            match the manifest (unless ``skip_corrupt``).
 
     Example:
         >>> train = chute.load("./kn-shards", "train", batch_size=256)  # doctest: +SKIP
@@ -187,7 +201,9 @@ def load(
     reader = _shard_reader(tf, manifest, files, counts, counters.get("corrupt"))
     blocks = tf.data.Dataset.zip(file_ids, draws).interleave(
         _plain(tf, reader),
-        cycle_length=min(len(files), max(4, os.cpu_count() or 1)),
+        # A fixed width where the order must not depend on the machine (a seed,
+        # evaluation, pipelines sharing records); else enough shards for the cores.
+        cycle_length=min(len(files), _CYCLE if deterministic else max(4, os.cpu_count() or 1)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic,
     )
@@ -200,9 +216,16 @@ def load(
     if cache_target is not None:
         blocks = blocks.cache(cache_target)  # decoded pixels: later epochs skip the files
     resize = encoding == "raw" and (spec["height"], spec["width"]) != (height, width)
-    # Training batches are all full: say so in the static shape (TPU/XLA).
-    shape = (batch_size if training else None, height, width, channels)
-    finish = _finisher(tf, manifest, dtype, label_mode, augmenter, resize, shape)
+    finish = _finisher(
+        tf, manifest, dtype, label_mode, augmenter, resize, (height, width, channels)
+    )
+    # Without resize, augmentation or a float dtype, finishing is only labels and
+    # shapes: done per shuffle window, which saves a pipeline stage.
+    light = not resize and augmenter is None and dtype == "uint8"
+    if training and (cache_target is not None or not moving):
+        # Blocks replayed from the cache, or read in a fixed order, would fill the
+        # same windows every epoch: shuffle the blocks (about a window's worth).
+        blocks = blocks.shuffle(max(2, shuffle_buffer // _BLOCK), seed=seed)
     if training:
         # a window holds decoded uint8 pixels: as stored (raw) or as decoded (PNG/JPEG)
         per_record = channels * (
@@ -211,11 +234,16 @@ def load(
         window = min(shuffle_buffer, max(batch_size, _WINDOW_BYTES // per_record))
         if window < shuffle_buffer:
             log.info("shuffle window: %d records (%d MB of pixels)", window, _WINDOW_BYTES >> 20)
-        batched = _mixed_batches(tf, blocks, batch_size, seed, parallel, window)
+        batched = _mixed_batches(
+            tf, blocks, batch_size, seed, parallel, window, finish if light else None
+        )
     else:
         batched = blocks.rebatch(batch_size, drop_remainder=False)
-    # per batch: resize, cast, augment (batched, seeded), labels
-    batched = batched.map(_plain(tf, finish), **parallel)
+    if not (training and light):  # per batch: resize, cast, augment (batched, seeded), labels
+        # Keras's random layers draw from a seed generator: with a seed, batches
+        # take their draws in order, or the same seed would augment differently.
+        seeded = augmenter is not None and seed is not None
+        batched = batched.map(_plain(tf, finish), **({} if seeded else parallel))
     if not skip_corrupt:  # the manifest knows the size: Keras shows real step counts
         steps = num_examples // batch_size if training else -(-num_examples // batch_size)
         batched = batched.apply(tf.data.experimental.assert_cardinality(steps))
@@ -302,6 +330,7 @@ def _cache_target(cache, manifest, split, spec) -> str | None:
 
 
 _SIGNATURES = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8"}
+_GLOB = r"([*?\[\]\\])"  # characters tf.io.matching_files treats as a pattern
 
 
 def _shard_reader(tf, manifest, files, counts, corrupt):
@@ -349,7 +378,7 @@ def _shard_reader(tf, manifest, files, counts, corrupt):
                 ok = tf.equal(tf.strings.substr(data, 0, len(signature)), signature)
             at_end = tf.equal(read_now, 0)
             if corrupt is not None:
-                lost = tf.where(at_end, want - seen, tf.constant(0, tf.int64))
+                lost = tf.where(at_end, tf.maximum(want - seen, 0), tf.constant(0, tf.int64))
                 bad = tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64))
                 checks = [corrupt.assign_add(lost + bad)]
                 data, labels = tf.boolean_mask(data, ok), tf.boolean_mask(labels, ok)
@@ -367,8 +396,12 @@ def _shard_reader(tf, manifest, files, counts, corrupt):
                     data = tf.reshape(tf.io.decode_raw(data, tf.uint8), shape)
                 return seen + read_now, (tf.identity(data), labels)
 
+        # A missing shard reads as empty: TensorFlow's reader would retry opening it
+        # forever under ignore_errors. (A glob pattern matching exactly the path.)
+        exists = tf.size(tf.io.matching_files(tf.strings.regex_replace(path, _GLOB, r"\\\1")))
+        found = _records(tf, path).take(tf.where(exists > 0, tf.constant(-1, tf.int64), 0))
         # A bad record ends the shard (ignore_errors); the count at the end tells.
-        blocks = _records(tf, path).ignore_errors().batch(size)
+        blocks = found.ignore_errors().batch(size)
         blocks = blocks.concatenate(tf.data.Dataset.from_tensors(tf.constant([], tf.string)))
         return blocks.scan(tf.constant(0, tf.int64), _plain(tf, step))
 
@@ -389,13 +422,22 @@ def _records(tf, path):
 
     ``tf.data.TFRecordDataset(path)`` wraps the reader of one file in a
     ``flat_map`` over a one-name list: one more function to trace and run per
-    shard. The reader class it wraps is used directly when present.
+    shard. The reader class it wraps is used directly where this TensorFlow
+    has it (TensorFlow 2.16-2.21 do), else the public one.
     """
+    return _one_file_reader(tf)(path)
+
+
+@functools.cache
+def _one_file_reader(tf):
     try:
         from tensorflow.python.data.ops.readers import _TFRecordDataset
-    except ImportError:  # pragma: no cover - a TensorFlow that moved it
-        return tf.data.TFRecordDataset(path)
-    return _TFRecordDataset(path)
+    except ImportError:
+        return tf.data.TFRecordDataset
+    params = inspect.signature(_TFRecordDataset).parameters
+    if "filenames" not in params or not issubclass(_TFRecordDataset, tf.data.Dataset):
+        return tf.data.TFRecordDataset  # not the class this code knows
+    return _TFRecordDataset
 
 
 def _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel):
@@ -432,9 +474,10 @@ def _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel):
     return records_ds.batch(_BLOCK)
 
 
-def _mixed_batches(tf, blocks, batch_size, seed, parallel, window):
+def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish=None):
     """Training batches, all full: blocks regrouped into windows of about
-    ``window`` records, each window permuted and cut into batches.
+    ``window`` records, each window permuted (and ``finish``-ed, if given) and
+    cut into batches, whose static shape says they are full (TPU/XLA).
 
     Blocks come from several shards at once, and shards were written in random
     order, so a permuted window mixes records from several shards. The
@@ -453,13 +496,20 @@ def _mixed_batches(tf, blocks, batch_size, seed, parallel, window):
         order = tf.random.experimental.stateless_shuffle(
             tf.range(count), seed=tf.stack([key, tf.constant(0, tf.int64)])
         )[: count // batch_size * batch_size]
-        return tuple(
-            tf.reshape(tf.gather(t, order), [-1, batch_size, *t.shape[1:]])
-            for t in (images, labels)
+        out = (tf.gather(images, order), tf.gather(labels, order))
+        if finish is not None:
+            out = finish(*out)
+        single = not isinstance(out, tuple)
+        out = tuple(
+            tf.reshape(t, [-1, batch_size, *t.shape[1:]]) for t in ((out,) if single else out)
         )
+        return out[0] if single else out
 
     windows = tf.data.Dataset.zip(blocks.rebatch(window), keys)
-    return windows.map(_plain(tf, cut), **parallel).unbatch()
+    # Two windows cut at a time (a memory copy each): with the one being filled
+    # and the one being handed out, about four windows are held at the most.
+    cutting = dict(parallel, num_parallel_calls=2)
+    return windows.map(_plain(tf, cut), **cutting).unbatch()
 
 
 _AUGMENTATIONS = {
@@ -499,12 +549,12 @@ def _finisher(tf, manifest, dtype, label_mode, augmenter, resize, shape):
 
     def finish(images, labels):
         if resize:
-            images = tf.cast(tf.round(tf.image.resize(images, shape[1:3])), tf.uint8)
+            images = tf.cast(tf.round(tf.image.resize(images, shape[:2])), tf.uint8)
         if augmenter is not None:
             images = augmenter(tf.cast(images, tf.float32), training=True)
             images = tf.cast(tf.clip_by_value(tf.round(images), 0, 255), tf.uint8)
-        images = tf.ensure_shape(images, shape)
-        labels = tf.ensure_shape(labels, shape[:1])
+        images = tf.ensure_shape(images, (None, *shape))
+        labels = tf.ensure_shape(labels, (None,))
         if dtype != "uint8":
             images = tf.cast(images, tf.float32) / 255.0
             if dtype == "bfloat16":
