@@ -36,6 +36,13 @@ def test_bench_times_every_loader_and_names_the_bottleneck(tmp_path):
     for row in figures["loaders"]:
         assert len(row["images_per_s"]) == 2 and min(row["images_per_s"]) > 0
     assert "chute.load cached pass / from_tensor_slices" in figures["ratios"]
+    reading = (
+        "chute.load first pass without building the dataset / keras image_dataset_from_directory"
+    )
+    with_build = "chute.load first pass / keras image_dataset_from_directory"
+    assert figures["ratios"][reading] >= figures["ratios"][with_build] > 0
+    first = figures["loaders"][0]
+    assert 0 < first["build_seconds"] < first["seconds"][0]
     assert figures["model"]["bottleneck"] in ("input pipeline", "model compute")
     assert "the bottleneck is the" in result.stdout and "chute.load first pass /" in result.stdout
 
