@@ -126,7 +126,8 @@ def load(
             the rest of a shard after a record that fails its CRC or is
             truncated, images of the wrong length or that do not decode. A
             record with a valid CRC that is not a ``tf.train.Example`` still
-            raises. ``len(ds)`` is then unknown.
+            raises. ``len(ds)`` is then unknown. Input pipelines that share
+            records (fewer shards than pipelines) each count every shard's.
         input_context: a ``tf.distribute.InputContext``: read this input
             pipeline's part (by shard when there are enough shards, else by record).
         strategy: a ``tf.distribute.Strategy``: return
