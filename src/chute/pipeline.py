@@ -211,15 +211,13 @@ def load(
     if record_sharded:
         blocks = blocks.unbatch().shard(pipelines, index).batch(_BLOCK)
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
+    shape = (height, width, channels)
     if encoding != "raw":
-        size = (height, width, channels)
-        blocks = _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel)
+        blocks = _decoded(tf, blocks, spec, shape, skip_corrupt, counters, parallel)
     if cache_target is not None:
         blocks = blocks.cache(cache_target)  # decoded pixels: later epochs skip the files
     resize = encoding == "raw" and (spec["height"], spec["width"]) != (height, width)
-    finish = _finisher(
-        tf, manifest, dtype, label_mode, augmenter, resize, (height, width, channels)
-    )
+    finish = _finisher(tf, manifest, dtype, label_mode, augmenter, resize, shape)
     # Without resize, augmentation or a float dtype, finishing is only labels and
     # shapes: done per shuffle window, which saves a pipeline stage.
     light = not resize and augmenter is None and dtype == "uint8"
