@@ -844,14 +844,35 @@ def test_a_folder_name_with_glob_characters_is_read_as_a_name(data, tmp_path):
     assert _multiset(got) == _multiset(data.expected())
 
 
-def test_the_public_tfrecord_reader_gives_the_same_batches(data, monkeypatch):
-    """chute.load uses TensorFlow's one-file reader class when it has it; the
-    public TFRecordDataset (the fallback) must read the same."""
-    from chute import pipeline
+@pytest.mark.parametrize(
+    ("encoding", "options"),
+    [
+        ("raw", {"training": False}),
+        ("raw", {"training": True, "seed": 5, "shuffle_buffer": 6}),
+        ("png", {"training": True, "seed": 5, "cache": None}),
+        ("raw", {"training": True, "seed": 5, "input_context": "second of two"}),
+    ],
+)
+def test_the_public_tf_data_methods_give_the_same_batches(data, monkeypatch, encoding, options):
+    """chute.load reads shards, regroups and unbatches with TensorFlow's classes
+    and ops where it has them (see chute.lean); the public methods (the
+    fallback) must give the same batches."""
+    from chute import lean
 
-    expected = [_key(e) for e in _examples(chute.load(data.out(), training=False))]
-    monkeypatch.setattr(pipeline, "_one_file_reader", lambda tf_: tf_.data.TFRecordDataset)
-    assert [_key(e) for e in _examples(chute.load(data.out(), training=False))] == expected
+    if options.get("input_context"):  # one shard for two pipelines: records are shared
+        options = dict(options, input_context=_context(1))
+        out = data.out(encoding, min_shards=1)
+    else:
+        out = data.out(encoding)
+
+    def keys():
+        return [_key(e) for e in _examples(chute.load(out, batch_size=2, **options))]
+
+    expected = keys()
+    monkeypatch.setattr(lean, "_one_file_reader", lambda tf_: tf_.data.TFRecordDataset)
+    monkeypatch.setattr(lean, "_rebatch_op", lambda tf_: None)
+    monkeypatch.setattr(lean, "_unbatch_class", lambda tf_: None)
+    assert keys() == expected and expected
 
 
 def test_ram_filesystem(data):

@@ -30,7 +30,13 @@ The order of the pipeline, and why:
    already a random sample. Evaluation regroups blocks into batches in a
    fixed order instead.
 6. Per batch: resize (only if another size is asked for), cast, **augment**
-   (training only, batched, seeded), labels; then **prefetch**.
+   (training only, batched, seeded), labels; then **prefetch**, started when
+   the iterator is made (``experimental_warm_start``), so reading the first
+   shards overlaps with the rest of setting up.
+
+Building the pipeline is part of every first epoch, so it is kept lean: no
+AutoGraph, plain ``Assert`` ops, and the three tf.data constructors of
+``chute.lean`` that skip the public wrappers' extra functions.
 
 Training batches drop the remainder (static shapes for TPU/XLA); evaluation
 (``training=False``) sees every example exactly once: in order, no shuffle,
@@ -41,14 +47,12 @@ that Keras's ``evaluate`` uses as ``sample_weight``.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import os
 from typing import Any
 
+from chute import lean, records
 from chute import manifest as manifest_lib
-from chute import records
 from chute.errors import ChuteError
 from chute.options import bad_value, one_of, parse_image_size
 
@@ -209,7 +213,7 @@ def load(
         deterministic=deterministic,
     )
     if record_sharded:
-        blocks = blocks.unbatch().shard(pipelines, index).batch(_BLOCK)
+        blocks = lean.split(tf, blocks).shard(pipelines, index).batch(_BLOCK)
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
     shape = (height, width, channels)
     if encoding != "raw":
@@ -237,7 +241,7 @@ def load(
             tf, blocks, batch_size, seed, parallel, window, finish if light else None
         )
     else:
-        batched = blocks.rebatch(batch_size, drop_remainder=False)
+        batched = lean.regroup(tf, blocks, batch_size)
     if not (training and light):  # per batch: resize, cast, augment (batched, seeded), labels
         # Keras's random layers draw from a seed generator: with a seed, batches
         # take their draws in order, or the same seed would augment differently.
@@ -252,6 +256,9 @@ def load(
         batched = _padded(tf, batched, batch_size)
     options = tf.data.Options()
     options.experimental_optimization.parallel_batch = True  # batches copied in parallel
+    # Start reading when the iterator is made, not at the first next(): the rest
+    # of setting up (Keras's, or the caller's) overlaps with the first shards.
+    options.experimental_warm_start = True
     batched = batched.prefetch(tf.data.AUTOTUNE).with_options(options)
     batched.class_names = list(manifest.class_names)
     batched.num_examples = num_examples
@@ -361,7 +368,7 @@ def _shard_reader(tf, manifest, files, counts, corrupt):
         problem = f"are not {encoding.upper()} images"
 
     def read(file_index, draw):
-        path, want = names[file_index], expected[file_index]
+        path, want = tf.gather(names, file_index), tf.gather(expected, file_index)
         # blocks of _BLOCK records, or with a random draw of 128-256 records
         size = tf.where(
             draw < 0, tf.constant(_BLOCK, tf.int64), _BLOCK // 2 + draw % (_BLOCK // 2 + 1)
@@ -398,7 +405,7 @@ def _shard_reader(tf, manifest, files, counts, corrupt):
         # A missing shard reads as empty: TensorFlow's reader would retry opening it
         # forever under ignore_errors. (A glob pattern matching exactly the path.)
         exists = tf.size(tf.io.matching_files(tf.strings.regex_replace(path, _GLOB, r"\\\1")))
-        found = _records(tf, path).take(tf.where(exists > 0, tf.constant(-1, tf.int64), 0))
+        found = lean.tfrecords(tf, path).take(tf.where(exists > 0, tf.constant(-1, tf.int64), 0))
         # A bad record ends the shard (ignore_errors); the count at the end tells.
         blocks = found.ignore_errors().batch(size)
         blocks = blocks.concatenate(tf.data.Dataset.from_tensors(tf.constant([], tf.string)))
@@ -414,29 +421,6 @@ def _check(tf, condition, message):
     which costs tracing time on every dataset built.
     """
     return tf.raw_ops.Assert(condition=condition, data=message, summarize=3)
-
-
-def _records(tf, path):
-    """The records of one TFRecord file.
-
-    ``tf.data.TFRecordDataset(path)`` wraps the reader of one file in a
-    ``flat_map`` over a one-name list: one more function to trace and run per
-    shard. The reader class it wraps is used directly where this TensorFlow
-    has it (TensorFlow 2.16-2.21 do), else the public one.
-    """
-    return _one_file_reader(tf)(path)
-
-
-@functools.cache
-def _one_file_reader(tf):
-    try:
-        from tensorflow.python.data.ops.readers import _TFRecordDataset
-    except ImportError:
-        return tf.data.TFRecordDataset
-    params = inspect.signature(_TFRecordDataset).parameters
-    if "filenames" not in params or not issubclass(_TFRecordDataset, tf.data.Dataset):
-        return tf.data.TFRecordDataset  # not the class this code knows
-    return _TFRecordDataset
 
 
 def _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel):
@@ -464,7 +448,7 @@ def _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel):
 
         return _plain(tf, add)
 
-    records_ds = blocks.unbatch()
+    records_ds = lean.split(tf, blocks)
     if skip_corrupt:
         records_ds = records_ds.map(count("started")).map(_plain(tf, decode_one), **parallel)
         records_ds = records_ds.ignore_errors().map(count("decoded"))
@@ -494,7 +478,8 @@ def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish=None):
         count = tf.shape(labels)[0]
         order = tf.random.experimental.stateless_shuffle(
             tf.range(count), seed=tf.stack([key, tf.constant(0, tf.int64)])
-        )[: count // batch_size * batch_size]
+        )
+        order = tf.slice(order, [0], [count // batch_size * batch_size])  # whole batches
         out = (tf.gather(images, order), tf.gather(labels, order))
         if finish is not None:
             out = finish(*out)
@@ -504,11 +489,11 @@ def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish=None):
         )
         return out[0] if single else out
 
-    windows = tf.data.Dataset.zip(blocks.rebatch(window), keys)
+    windows = tf.data.Dataset.zip(lean.regroup(tf, blocks, window), keys)
     # Two windows cut at a time (a memory copy each): with the one being filled
     # and the one being handed out, about four windows are held at the most.
     cutting = dict(parallel, num_parallel_calls=2)
-    return windows.map(_plain(tf, cut), **cutting).unbatch()
+    return lean.split(tf, windows.map(_plain(tf, cut), **cutting))
 
 
 _AUGMENTATIONS = {
