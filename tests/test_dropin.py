@@ -18,6 +18,7 @@ import pytest
 from conftest import make_folder, write_image
 
 import chute
+from chute import dropin
 
 SIZES = [(12, 10), (9, 16), (20, 14), (10, 10)]  # mixed sizes and aspect ratios
 SMALL = (8, 8)
@@ -231,6 +232,20 @@ def test_validation_split_both(mixed):
     assert len(ours[0].file_paths) + len(ours[1].file_paths) == NUM_MIXED
     # the validation part is never shuffled: the same order as Keras's
     _assert_same(ours[1], theirs[1])
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size", [4, None])
+def test_images_decoded_in_groups_keep_order_and_pixels(mixed, monkeypatch, shuffle, batch_size):
+    # Groups of 4 over 15 files: three full groups and a partial one.
+    monkeypatch.setattr(dropin, "_GROUP", 4)
+    ours, theirs = _both(mixed, image_size=SMALL, batch_size=batch_size, shuffle=shuffle, seed=3)
+    if shuffle:
+        assert _contents(ours.batch(4) if batch_size is None else ours) == _contents(
+            theirs.batch(4) if batch_size is None else theirs
+        )
+    else:
+        _assert_same(ours, theirs)
 
 
 def test_shuffle_with_seed_gives_the_same_files_and_contents(mixed):
