@@ -12,7 +12,9 @@ batches, to tell which side (input or compute) is the bottleneck.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import tempfile
@@ -45,19 +47,35 @@ class Row:
         return max(self.rates)
 
 
+@contextlib.contextmanager
+def _no_garbage_collection():
+    """Python's cyclic garbage collector off while a loader is timed, as
+    ``timeit`` does: a full collection over TensorFlow's objects (tens of ms)
+    would land in whichever pass happens to trigger it."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _timed_passes(make: Callable, passes: int = 2) -> tuple[int, list[float], float]:
     """Creates the dataset (timed with the first pass, and on its own) and
     iterates it ``passes`` times."""
-    started = time.perf_counter()
-    dataset = make()
-    build = time.perf_counter() - started
-    seconds, images = [], 0
-    for _ in range(passes):
-        images = 0
-        for batch in dataset:
-            images += int(batch[0].shape[0])
-        seconds.append(time.perf_counter() - started)
+    with _no_garbage_collection():
         started = time.perf_counter()
+        dataset = make()
+        build = time.perf_counter() - started
+        seconds, images = [], 0
+        for _ in range(passes):
+            images = 0
+            for batch in dataset:
+                images += int(batch[0].shape[0])
+            seconds.append(time.perf_counter() - started)
+            started = time.perf_counter()
     return images, seconds, build
 
 
@@ -67,16 +85,17 @@ def _idg_passes(src: str, size: tuple[int, int], color_mode: str, batch: int):
         from tf_keras.preprocessing.image import ImageDataGenerator
     except ImportError:
         return None
-    started = time.perf_counter()
-    flow = ImageDataGenerator().flow_from_directory(
-        src, target_size=size, color_mode=color_mode, batch_size=batch, class_mode="sparse"
-    )
-    seconds = []
-    for _ in range(2):
-        for _ in range(len(flow)):
-            next(flow)
-        seconds.append(time.perf_counter() - started)
+    with _no_garbage_collection():
         started = time.perf_counter()
+        flow = ImageDataGenerator().flow_from_directory(
+            src, target_size=size, color_mode=color_mode, batch_size=batch, class_mode="sparse"
+        )
+        seconds = []
+        for _ in range(2):
+            for _ in range(len(flow)):
+                next(flow)
+            seconds.append(time.perf_counter() - started)
+            started = time.perf_counter()
     return flow.samples, seconds
 
 
@@ -125,6 +144,8 @@ def run(
     conversion.convert(
         source, shards, image_size=image_size, color_mode=color_mode, encoding="raw", overwrite=True
     )
+    if hasattr(os, "sync"):
+        os.sync()  # the new shards written back now, not by the kernel during a timed pass
     size = (image_size, image_size)
     rows: list[Row] = []
 
