@@ -259,6 +259,10 @@ def load(
     # Start reading when the iterator is made, not at the first next(): the rest
     # of setting up (Keras's, or the caller's) overlaps with the first shards.
     options.experimental_warm_start = True
+    # No autotuning model: every stage is sized here (AUTOTUNE then means a call
+    # per core, or per shard read at once), and the model cost ~3% of a pass and
+    # could hold up deleting an iterator (benchmarks/README.md).
+    options.autotune.enabled = False
     batched = batched.prefetch(tf.data.AUTOTUNE).with_options(options)
     batched.class_names = list(manifest.class_names)
     batched.num_examples = num_examples
