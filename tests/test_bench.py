@@ -36,6 +36,10 @@ def test_bench_times_every_loader_and_names_the_bottleneck(tmp_path):
     for row in figures["loaders"]:
         assert len(row["images_per_s"]) == 2 and min(row["images_per_s"]) > 0
     assert "chute.load cached pass / from_tensor_slices" in figures["ratios"]
+    assert (
+        figures["ratios"]["chute.load first pass, no cache / keras image_dataset_from_directory"]
+        > 0
+    )
     reading = (
         "chute.load first pass without building the dataset / keras image_dataset_from_directory"
     )

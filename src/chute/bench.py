@@ -205,6 +205,10 @@ def run(
     ):
         if baseline in by_name:
             ratios[f"chute.load first pass / {baseline}"] = first / by_name[baseline].best
+            # cache=None: the pipeline for splits that do not fit in memory
+            ratios[f"chute.load first pass, no cache / {baseline}"] = (
+                by_name["chute.load, no cache"].rates[0] / by_name[baseline].best
+            )
     # The same first pass without the one-time building of the dataset (tracing
     # its functions): the reading itself, which is what grows with the data.
     reading = load_row.images / (load_row.seconds[0] - load_row.build)
