@@ -12,15 +12,14 @@ batches, to tell which side (input or compute) is the bottleneck.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import logging
 import os
 import tempfile
 import time
 from collections.abc import Callable
 
+from chute import gcpause
 from chute.errors import ChuteError
 
 log = logging.getLogger(__name__)
@@ -47,25 +46,10 @@ class Row:
         return max(self.rates)
 
 
-@contextlib.contextmanager
-def _no_garbage_collection():
-    """Python's cyclic garbage collector off while a loader is timed, as
-    ``timeit`` does: a full collection over TensorFlow's objects (tens of ms)
-    would land in whichever pass happens to trigger it."""
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _timed_passes(make: Callable, passes: int = 2) -> tuple[int, list[float], float]:
     """Creates the dataset (timed with the first pass, and on its own) and
     iterates it ``passes`` times."""
-    with _no_garbage_collection():
+    with gcpause.paused(collect_first=True):  # as timeit does
         started = time.perf_counter()
         dataset = make()
         build = time.perf_counter() - started
@@ -85,7 +69,7 @@ def _idg_passes(src: str, size: tuple[int, int], color_mode: str, batch: int):
         from tf_keras.preprocessing.image import ImageDataGenerator
     except ImportError:
         return None
-    with _no_garbage_collection():
+    with gcpause.paused(collect_first=True):  # as timeit does
         started = time.perf_counter()
         flow = ImageDataGenerator().flow_from_directory(
             src, target_size=size, color_mode=color_mode, batch_size=batch, class_mode="sparse"

@@ -15,9 +15,7 @@ last and the work folder removed after it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import hashlib
 import json
 import logging
@@ -26,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from chute import decide, encode, outdir, shards, sources, storage
+from chute import decide, encode, gcpause, outdir, shards, sources, storage
 from chute import manifest as manifest_lib
 from chute import workers as worker_pool
 from chute.errors import ChuteError
@@ -124,24 +122,10 @@ def convert(
     source, output = os.fspath(source), os.fspath(output).rstrip("/") or "/"
     _check_not_inside(source, output)
 
-    with _gc_paused():
+    with gcpause.paused():
         return _convert(
             source, output, options, workers, overwrite, allow_outside, progress, started
         )
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pauses the cyclic garbage collector: with TensorFlow loaded, each full
-    collection walks hundreds of thousands of objects, and a conversion creates
-    no reference cycles worth collecting."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _convert(
