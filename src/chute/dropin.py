@@ -6,12 +6,13 @@ split by Keras's own ``dataset_utils``, and images are decoded and resized with
 the same TensorFlow ops, so ``class_names``, ``file_paths``, order and pixels
 match). The pipeline differs where it does not change the results: paths are
 shuffled before decoding rather than decoded images afterwards, images are
-decoded 32 per tf.data call (one per call with ``skip_corrupt``), decoding runs
-out of order when the data is shuffled anyway, tf.data's autotuning model is
-off (deleting an iterator could wait on it for up to a second), and three
-extras are off by default: ``skip_corrupt`` (skip files that fail to decode instead of
-stopping), ``drop_remainder`` (static batch shapes for TPU/XLA) and ``cache``
-(``"memory"`` or a file path, as ``tf.data.Dataset.cache``).
+decoded 32 per tf.data call (one per call with ``skip_corrupt``), decoding
+runs out of order when the data is shuffled anyway, and tf.data's autotuning
+model is off (deleting an iterator could wait on it for up to a second).
+Three extras are off by default: ``skip_corrupt`` (skip files that fail to
+decode instead of stopping), ``drop_remainder`` (static batch shapes for
+TPU/XLA) and ``cache`` (``"memory"`` or a file path, as
+``tf.data.Dataset.cache``).
 
 Example:
     >>> # from keras.utils import image_dataset_from_directory
