@@ -248,6 +248,19 @@ def test_images_decoded_in_groups_keep_order_and_pixels(mixed, monkeypatch, shuf
         _assert_same(ours, theirs)
 
 
+def test_groups_shrink_on_many_cores_to_bound_the_images_in_flight():
+    assert dropin._group_size(2) == dropin._GROUP == 32
+    assert dropin._group_size(64) == 8
+    assert dropin._group_size(4096) == 1
+    assert all(n * dropin._group_size(n) <= 512 for n in (16, 17, 64, 100, 512))
+
+
+def test_one_image_per_group_gives_the_same_batches(mixed, monkeypatch):
+    monkeypatch.setattr(dropin, "default_workers", lambda: 4096)  # groups of one
+    ours, theirs = _both(mixed, image_size=SMALL, batch_size=4, shuffle=False)
+    _assert_same(ours, theirs)
+
+
 def test_shuffle_with_seed_gives_the_same_files_and_contents(mixed):
     ours, theirs = _both(mixed, image_size=SMALL, batch_size=4, shuffle=True, seed=3)
     assert ours.file_paths == theirs.file_paths

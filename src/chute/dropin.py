@@ -6,8 +6,8 @@ split by Keras's own ``dataset_utils``, and images are decoded and resized with
 the same TensorFlow ops, so ``class_names``, ``file_paths``, order and pixels
 match). The pipeline differs where it does not change the results: paths are
 shuffled before decoding rather than decoded images afterwards, images are
-decoded 32 per tf.data call (one per call with ``skip_corrupt``), decoding
-runs out of order when the data is shuffled anyway, and tf.data's autotuning
+decoded up to 32 per tf.data call (one per call with ``skip_corrupt``),
+decoding runs out of order when the data is shuffled anyway, and tf.data's autotuning
 model is off (deleting an iterator could wait on it for up to a second).
 Three extras are off by default: ``skip_corrupt`` (skip files that fail to
 decode instead of stopping), ``drop_remainder`` (static batch shapes for
@@ -31,9 +31,11 @@ import logging
 import numpy as np
 
 from chute import lean
+from chute.workers import default_workers
 
 log = logging.getLogger(__name__)
-_GROUP = 32  # images decoded per call (see _Builder.load_group)
+_GROUP = 32  # images decoded per call at most (see _Builder.load_group)
+_IN_FLIGHT = 512  # images the parallel calls hold at once at most (two batches of 256)
 
 ALLOWLIST_FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 _INTERPOLATIONS = (
@@ -230,6 +232,13 @@ def image_dataset_from_directory(
     return dataset
 
 
+def _group_size(cores: int) -> int:
+    """Images decoded per call: up to ``_GROUP``, fewer on many cores, so that
+    the calls running at once (one per core) hold at most ``_IN_FLIGHT``
+    (beyond that many cores, one image per call, as Keras's loader)."""
+    return max(1, min(_GROUP, _IN_FLIGHT // max(1, cores)))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Builder:
     """Builds the tf.data pipeline for one list of files."""
@@ -309,14 +318,17 @@ class _Builder:
         if shuffle and self.cache is None:
             # shuffling paths is cheap: the whole list, before anything is decoded
             dataset = dataset.shuffle(len(paths), seed=self.seed)
-        # Shuffled data has no order to keep: let finished images overtake slow ones.
-        parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": not shuffle}
+        # A call per core. Shuffled data has no order to keep: let finished
+        # images overtake slow ones.
+        cores = default_workers()
+        parallel = {"num_parallel_calls": cores, "deterministic": not shuffle}
         if self.skip_corrupt:  # one image per call, so a bad file costs only itself
             load = self.load_image
             fn = (lambda path, label: (load(path), label)) if self.label_mode else load
             dataset = dataset.map(fn, **parallel).ignore_errors(log_warning=True)
         else:
-            dataset = lean.split(tf, dataset.batch(_GROUP).map(self.load_group, **parallel))
+            grouped = dataset.batch(_group_size(cores)).map(self.load_group, **parallel)
+            dataset = lean.split(tf, grouped)
         if self.cache is not None:
             # decoded images are cached, and shuffled afresh every epoch after that
             dataset = dataset.cache("" if self.cache == "memory" else self.cache)
@@ -326,10 +338,10 @@ class _Builder:
             dataset = dataset.batch(self.batch_size, drop_remainder=self.drop_remainder)
         options = tf.data.Options()
         options.experimental_optimization.parallel_batch = True  # batches copied in parallel
-        # No autotuning model: AUTOTUNE then means one call per core (a group
-        # each) and a prefetch buffer that grows while the consumer waits. The
-        # model cost ~5% of a pass here, and deleting an iterator (each epoch)
-        # waited for it, up to a second in our benchmark runs.
+        # No autotuning model: the decoding calls are sized above, and the
+        # prefetch buffer grows while the consumer waits. The model cost ~5% of
+        # a pass here, and deleting an iterator (each epoch) waited for it, up
+        # to a second in our benchmark runs.
         options.autotune.enabled = False
         dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
         dataset.file_paths = list(paths)

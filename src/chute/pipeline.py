@@ -4,20 +4,20 @@ The order of the pipeline, and why:
 
 1. **Shard order reshuffled every epoch** (training): files are the unit of
    parallel reading; a fresh order per epoch varies what is read together.
-2. **Parallel interleave** of up to ``max(4, cores)`` shards at a time,
-   ``deterministic=False`` unless a seed, evaluation or sharding by record
-   asks for a fixed order (then 16 at a time on any machine): a slow file
-   never stalls the rest. A missing shard reads as empty (and is reported as
-   below) rather than being retried.
+2. **Parallel interleave** of up to ``max(4, cores)`` shards at a time (up to
+   16 read by parallel calls), ``deterministic=False`` unless a seed,
+   evaluation or sharding by record asks for a fixed order (then 16 at a time
+   on any machine): a slow file never stalls the rest. A missing shard reads
+   as empty (and is reported as below) rather than being retried.
 3. **Parse and decode where the records are read**: each shard is read in
    blocks of 128-256 records (in training a new block size per shard and
    epoch, so block boundaries move); one function call per block parses it
    with one vectorised ``parse_example``, checks it (record count at the
    shard's end, image length or signature) and, for raw images, decodes it
-   with one ``decode_raw``. PNG/JPEG images are then decoded one per parallel
-   call. From here on the data are dense pixels: regrouping them is a memory
-   copy, not work per record. (Per-record and per-small-block steps on
-   serialized records cost more than parsing them: see benchmarks/README.md.)
+   with one ``decode_raw``. PNG/JPEG images are then decoded one per call, a
+   call per core. From here on the data are dense pixels: regrouping them is
+   a memory copy, not work per record. (Per-record and per-small-block steps
+   on serialized records cost more than parsing them: see benchmarks/README.md.)
 4. **Cache** (``cache="auto"``): when the decoded split fits the memory budget
    the decoded blocks are kept in RAM after the first epoch, so later epochs
    skip the files. Cached blocks come back in the first epoch's order, so in
@@ -56,6 +56,7 @@ from chute import lean, records
 from chute import manifest as manifest_lib
 from chute.errors import ChuteError
 from chute.options import bad_value, one_of, parse_image_size
+from chute.workers import default_workers
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ def load(
         return _distributed(path, split, strategy, locals())
     import tensorflow as tf
 
+    cores = default_workers()
     manifest = manifest_lib.load(path)
     spec = manifest.image
     training = (split == "train") if training is None else bool(training)
@@ -209,7 +211,7 @@ def load(
         _plain(tf, reader),
         # A fixed width where the order must not depend on the machine (a seed,
         # evaluation, pipelines sharing records); else enough shards for the cores.
-        cycle_length=min(len(files), _CYCLE if deterministic else max(4, os.cpu_count() or 1)),
+        cycle_length=min(len(files), _CYCLE if deterministic else max(4, cores)),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic,
     )
@@ -217,8 +219,9 @@ def load(
         blocks = lean.split(tf, blocks).shard(pipelines, index).batch(_BLOCK)
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
     shape = (height, width, channels)
-    if encoding != "raw":
-        blocks = _decoded(tf, blocks, spec, shape, skip_corrupt, counters, parallel)
+    if encoding != "raw":  # one image per call, on every core (a decoded image each)
+        per_image = dict(parallel, num_parallel_calls=cores)
+        blocks = _decoded(tf, blocks, spec, shape, skip_corrupt, counters, per_image)
     if cache_target is not None:
         blocks = blocks.cache(cache_target)  # decoded pixels: later epochs skip the files
     resize = encoding == "raw" and (spec["height"], spec["width"]) != (height, width)
@@ -260,9 +263,9 @@ def load(
     # Start reading when the iterator is made, not at the first next(): the rest
     # of setting up (Keras's, or the caller's) overlaps with the first shards.
     options.experimental_warm_start = True
-    # No autotuning model: every stage is sized here (AUTOTUNE then means a call
-    # per core, or per shard read at once), and the model cost ~3% of a pass and
-    # could hold up deleting an iterator (benchmarks/README.md).
+    # No autotuning model: every stage is sized here (AUTOTUNE then means
+    # min(16, cores): shards read at once, batches finished at once), and the
+    # model cost ~3% of a pass and could hold up deleting an iterator.
     options.autotune.enabled = False
     batched = batched.prefetch(tf.data.AUTOTUNE).with_options(options)
     batched.class_names = list(manifest.class_names)
