@@ -22,7 +22,8 @@ The order of the pipeline, and why:
    the decoded blocks are kept in RAM after the first epoch, so later epochs
    skip the files. Cached blocks come back in the first epoch's order, so in
    training they go through a shuffle buffer of about a window's worth of
-   blocks (so does a fixed read order, when input pipelines share records).
+   blocks (so does a fixed read order, when input pipelines share records),
+   with a prefetch after it so that the reader still starts with the iterator.
 5. **Shuffle** (training): blocks are regrouped into windows of
    ``shuffle_buffer`` records (at most 128 MB of pixels), which hold blocks
    from several shards; each window is permuted with one gather and cut into
@@ -232,7 +233,10 @@ def load(
     if training and (cache_target is not None or not moving):
         # Blocks replayed from the cache, or read in a fixed order, would fill the
         # same windows every epoch: shuffle the blocks (about a window's worth).
-        blocks = blocks.shuffle(max(2, shuffle_buffer // _BLOCK), seed=seed)
+        # A shuffle makes its input's iterator at its first element; the prefetch
+        # (started with the iterator: warm start) asks for it at once, so the
+        # reader below starts while the stages above are still being set up.
+        blocks = blocks.shuffle(max(2, shuffle_buffer // _BLOCK), seed=seed).prefetch(1)
     if training:
         # a window holds decoded uint8 pixels: as stored (raw) or as decoded (PNG/JPEG)
         per_record = channels * (
