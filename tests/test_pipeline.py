@@ -8,6 +8,7 @@ pixels (for JPEG: by the nearest source image, which is unambiguous).
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import uuid
 from pathlib import Path
@@ -159,6 +160,24 @@ def test_path_may_be_the_manifest_file_or_a_loaded_manifest(data):
     manifest = chute.load_manifest(out)
     got = _examples(chute.load(manifest, batch_size=BATCH, training=False))
     assert _multiset(got) == _multiset(data.expected())
+
+
+def test_datasets_of_one_kind_share_traced_functions_and_read_their_own_records(data):
+    """Tracing is most of what building a dataset costs, so datasets of one kind of
+    image share their traced reader and window cutter; each still reads its own files."""
+    from chute import pipeline
+
+    for out in (data.out(), data.out(val_fraction=0.5)):
+        expected = _multiset(_expected(data.src, out, "train"))
+        evaluation = chute.load(out, batch_size=BATCH, training=False)
+        assert _multiset(_examples(evaluation)) == expected
+        training = _multiset(_examples(chute.load(out, batch_size=BATCH, seed=3)))
+        assert training and all(k in expected for k in training)
+    shape = (HEIGHT, WIDTH, 3)
+    reader = pipeline._blocks_of("raw", *shape, counted=False)
+    cutter = pipeline._cutter(BATCH, shape, (3, "uint8", "int", None, False, shape))
+    assert reader.experimental_get_tracing_count() == 1
+    assert cutter.experimental_get_tracing_count() == 1
 
 
 def test_class_names(data, two_classes):
@@ -857,7 +876,7 @@ def test_the_public_tf_data_methods_give_the_same_batches(data, monkeypatch, enc
     """chute.load reads shards, regroups and unbatches with TensorFlow's classes
     and ops where it has them (see chute.lean); the public methods (the
     fallback) must give the same batches."""
-    from chute import lean
+    from chute import lean, pipeline
 
     if options.get("input_context"):  # one shard for two pipelines: records are shared
         options = dict(options, input_context=_context(1))
@@ -869,6 +888,9 @@ def test_the_public_tf_data_methods_give_the_same_batches(data, monkeypatch, enc
         return [_key(e) for e in _examples(chute.load(out, batch_size=2, **options))]
 
     expected = keys()
+    # the shard reader is traced once and shared (see chute.pipeline._blocks_of):
+    # a fresh cache, so that it is traced again with the public class
+    monkeypatch.setattr(pipeline, "_blocks_of", functools.cache(pipeline._blocks_of.__wrapped__))
     monkeypatch.setattr(lean, "_one_file_reader", lambda tf_: tf_.data.TFRecordDataset)
     monkeypatch.setattr(lean, "_rebatch_op", lambda tf_: None)
     monkeypatch.setattr(lean, "_unbatch_class", lambda tf_: None)

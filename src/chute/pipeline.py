@@ -37,8 +37,10 @@ The order of the pipeline, and why:
    tf.data's autotuning model is off (it cost ~3% of a pass).
 
 Building the pipeline is part of every first epoch, so it is kept lean: no
-AutoGraph, plain ``Assert`` ops, and the three tf.data constructors of
-``chute.lean`` that skip the public wrappers' extra functions.
+AutoGraph, plain ``Assert`` ops, the three tf.data constructors of
+``chute.lean`` that skip the public wrappers' extra functions, and the two
+largest functions (the shard reader and the window cutter) traced once per
+process and kind of image, then shared by every dataset built after.
 
 Training batches drop the remainder (static shapes for TPU/XLA); evaluation
 (``training=False``) sees every example exactly once: in order, no shuffle,
@@ -49,6 +51,7 @@ that Keras's ``evaluate`` uses as ``sample_weight``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -226,7 +229,7 @@ def load(
     if cache_target is not None:
         blocks = blocks.cache(cache_target)  # decoded pixels: later epochs skip the files
     resize = encoding == "raw" and (spec["height"], spec["width"]) != (height, width)
-    finish = _finisher(tf, manifest, dtype, label_mode, augmenter, resize, shape)
+    finish = _finisher(tf, manifest.num_classes, dtype, label_mode, augmenter, resize, shape)
     # Without resize, augmentation or a float dtype, finishing is only labels and
     # shapes: done per shuffle window, which saves a pipeline stage.
     light = not resize and augmenter is None and dtype == "uint8"
@@ -245,8 +248,10 @@ def load(
         window = min(shuffle_buffer, max(batch_size, _WINDOW_BYTES // per_record))
         if window < shuffle_buffer:
             log.info("shuffle window: %d records (%d MB of pixels)", window, _WINDOW_BYTES >> 20)
+        # a light finish is known by its arguments (no augmentation layers): shared
+        light_finish = (manifest.num_classes, dtype, label_mode, None, False, shape)
         batched = _mixed_batches(
-            tf, blocks, batch_size, seed, parallel, window, finish if light else None
+            tf, blocks, batch_size, seed, parallel, window, light_finish if light else None
         )
     else:
         batched = lean.regroup(tf, blocks, batch_size)
@@ -354,30 +359,16 @@ _GLOB = r"([*?\[\]\\])"  # characters tf.io.matching_files treats as a pattern
 def _shard_reader(tf, manifest, files, counts, corrupt):
     """``(file index, draw) -> blocks of (images, labels)`` read from one shard.
 
-    Each block is parsed in one vectorised ``parse_example`` and checked: raw
-    images must have the manifest's length (and are decoded with one
-    ``decode_raw``), PNG/JPEG ones its signature (they come out as bytes, for
-    the per-image decoder). A shard that fails its CRC, is truncated or
-    missing ends early; an empty block marks each shard's end, where the
-    records read are compared with the manifest's count. Both kinds of
-    problem raise an error naming the shard, or, given a ``corrupt`` counter
-    (``skip_corrupt``), are dropped and counted. One function call per block: per-record (or
-    per-small-block) steps cost more than the parsing itself.
+    The shard's path and expected count are looked up here; the blocks come
+    from ``_blocks_of``, traced once per kind of image and reused by every
+    dataset built later in the process (evaluation after training, each epoch's
+    rebuilt dataset in a notebook, every input pipeline of a strategy).
     """
     names = tf.constant(files)
     expected = tf.constant(counts, tf.int64)
     spec = manifest.image
-    encoding = spec["encoding"]
-    features = {
-        records.IMAGE: tf.io.FixedLenFeature([], tf.string),
-        records.CLASS: tf.io.FixedLenFeature([], tf.int64),
-    }
-    if encoding == "raw":
-        shape = [-1, spec["height"], spec["width"], spec["channels"]]
-        problem = "have raw images of the wrong length"
-    else:
-        signature = _SIGNATURES[encoding]
-        problem = f"are not {encoding.upper()} images"
+    image = (spec["encoding"], spec["height"], spec["width"], spec["channels"])
+    blocks_of = _blocks_of(*image, counted=corrupt is not None)
 
     def read(file_index, draw):
         path, want = tf.gather(names, file_index), tf.gather(expected, file_index)
@@ -385,7 +376,46 @@ def _shard_reader(tf, manifest, files, counts, corrupt):
         size = tf.where(
             draw < 0, tf.constant(_BLOCK, tf.int64), _BLOCK // 2 + draw % (_BLOCK // 2 + 1)
         )
+        return blocks_of(path, want, size, corrupt)
 
+    return read
+
+
+@functools.cache
+def _blocks_of(encoding: str, height: int | None, width: int | None, channels: int, counted: bool):
+    """``(path, expected count, block size, corrupt counter or None) -> blocks``:
+    one shard read as blocks of ``(images, labels)``.
+
+    Each block is parsed in one vectorised ``parse_example`` and checked: raw
+    images must have the manifest's length (and are decoded with one
+    ``decode_raw``), PNG/JPEG ones its signature (they come out as bytes, for
+    the per-image decoder). A shard that fails its CRC, is truncated or
+    missing ends early; an empty block marks each shard's end, where the
+    records read are compared with the expected count. Both kinds of problem
+    raise an error naming the shard, or, given a ``corrupt`` counter
+    (``skip_corrupt``), are dropped and counted. One function call per block:
+    per-record (or per-small-block) steps cost more than the parsing itself.
+
+    Everything that differs between datasets is an argument, so it is a
+    ``tf.function`` traced once and shared: tracing it was a third of the time
+    it takes to build a dataset. Not when ``counted``: a traced function would
+    keep using the first dataset's counter variable, so it is traced anew with
+    each dataset.
+    """
+    import tensorflow as tf
+
+    features = {
+        records.IMAGE: tf.io.FixedLenFeature([], tf.string),
+        records.CLASS: tf.io.FixedLenFeature([], tf.int64),
+    }
+    if encoding == "raw":
+        shape = [-1, height, width, channels]
+        problem = "have raw images of the wrong length"
+    else:
+        signature = _SIGNATURES[encoding]
+        problem = f"are not {encoding.upper()} images"
+
+    def blocks_of(path, want, size, corrupt):
         def step(seen, block):
             read_now = tf.size(block, out_type=tf.int64)
             parsed = tf.io.parse_example(block, features)
@@ -423,7 +453,7 @@ def _shard_reader(tf, manifest, files, counts, corrupt):
         blocks = blocks.concatenate(tf.data.Dataset.from_tensors(tf.constant([], tf.string)))
         return blocks.scan(tf.constant(0, tf.int64), _plain(tf, step))
 
-    return read
+    return blocks_of if counted else tf.function(blocks_of, autograph=False)
 
 
 def _check(tf, condition, message):
@@ -471,8 +501,32 @@ def _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel):
 
 def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish=None):
     """Training batches, all full: blocks regrouped into windows of about
-    ``window`` records, each window permuted (and ``finish``-ed, if given) and
-    cut into batches, whose static shape says they are full (TPU/XLA).
+    ``window`` records, each window permuted (and finished, given ``finish``:
+    the arguments of ``_finisher``) and cut into batches (see ``_cutter``).
+    """
+    window = batch_size * max(1, window // batch_size)
+    keys = tf.data.Dataset.random(  # not the stream of block sizes
+        seed=None if seed is None else seed + 1, rerandomize_each_iteration=True
+    )
+    cutter = _cutter(batch_size, tuple(blocks.element_spec[0].shape[1:]), finish)
+
+    def cut(block, key):
+        return cutter(*block, key)
+
+    windows = tf.data.Dataset.zip(lean.regroup(tf, blocks, window), keys)
+    # Two windows cut at a time (a memory copy each): with the one being filled
+    # and the one being handed out, about four windows are held at the most.
+    cutting = dict(parallel, num_parallel_calls=2)
+    return lean.split(tf, windows.map(_plain(tf, cut), **cutting))
+
+
+@functools.cache
+def _cutter(batch_size: int, image_shape: tuple, finish: tuple | None):
+    """``(images, labels, key) -> batches``: a ``tf.function`` (traced once per
+    batch size, image shape and finish, and shared like ``_blocks_of``) that permutes a
+    window of records with one gather, finishes it if ``finish`` (the
+    arguments of ``_finisher``) is given, and cuts it into whole batches,
+    whose static shape says they are full (TPU/XLA).
 
     Blocks come from several shards at once, and shards were written in random
     order, so a permuted window mixes records from several shards. The
@@ -480,32 +534,26 @@ def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish=None):
     per record. Only the split's last partial batch is dropped (windows hold
     whole batches).
     """
-    window = batch_size * max(1, window // batch_size)
-    keys = tf.data.Dataset.random(  # not the stream of block sizes
-        seed=None if seed is None else seed + 1, rerandomize_each_iteration=True
-    )
+    import tensorflow as tf
 
-    def cut(block, key):
-        images, labels = block
+    finished = None if finish is None else _finisher(tf, *finish)
+
+    def cut(images, labels, key):
         count = tf.shape(labels)[0]
         order = tf.random.experimental.stateless_shuffle(
             tf.range(count), seed=tf.stack([key, tf.constant(0, tf.int64)])
         )
         order = tf.slice(order, [0], [count // batch_size * batch_size])  # whole batches
         out = (tf.gather(images, order), tf.gather(labels, order))
-        if finish is not None:
-            out = finish(*out)
+        if finished is not None:
+            out = finished(*out)
         single = not isinstance(out, tuple)
         out = tuple(
             tf.reshape(t, [-1, batch_size, *t.shape[1:]]) for t in ((out,) if single else out)
         )
         return out[0] if single else out
 
-    windows = tf.data.Dataset.zip(lean.regroup(tf, blocks, window), keys)
-    # Two windows cut at a time (a memory copy each): with the one being filled
-    # and the one being handed out, about four windows are held at the most.
-    cutting = dict(parallel, num_parallel_calls=2)
-    return lean.split(tf, windows.map(_plain(tf, cut), **cutting))
+    return tf.function(cut, autograph=False)
 
 
 _AUGMENTATIONS = {
@@ -540,9 +588,7 @@ def _augmenter(augment, seed):
     return keras.Sequential(layers)
 
 
-def _finisher(tf, manifest, dtype, label_mode, augmenter, resize, shape):
-    num_classes = manifest.num_classes
-
+def _finisher(tf, num_classes, dtype, label_mode, augmenter, resize, shape):
     def finish(images, labels):
         if resize:
             images = tf.cast(tf.round(tf.image.resize(images, shape[:2])), tf.uint8)
