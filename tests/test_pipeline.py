@@ -175,9 +175,48 @@ def test_datasets_of_one_kind_share_traced_functions_and_read_their_own_records(
         assert training and all(k in expected for k in training)
     shape = (HEIGHT, WIDTH, 3)
     reader = pipeline._blocks_of("raw", *shape, counted=False)
-    cutter = pipeline._cutter(BATCH, shape, (3, "uint8", "int", None, False, shape))
+    cutter = pipeline._cutter(BATCH, shape, (3, "int", shape))
     assert reader.experimental_get_tracing_count() == 1
     assert cutter.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("cache", [None, "memory"])
+def test_a_plan_built_again_is_traced_once_and_gives_the_same_batches(data, monkeypatch, cache):
+    """A pipeline built a second time with the same options comes from a traced
+    function shared with later builds: with a seed its batches are the eager
+    build's, epoch by epoch, and a dataset of other shards reads its own records."""
+    import tensorflow as tf
+
+    from chute import pipeline
+
+    monkeypatch.setattr(pipeline, "_BUILT", set())
+    fresh = functools.cache(pipeline._shared_build.__wrapped__)
+    monkeypatch.setattr(pipeline, "_shared_build", fresh)
+    eager, build = [], pipeline._build
+
+    def spy(*args):
+        eager.append(tf.executing_eagerly())
+        return build(*args)
+
+    monkeypatch.setattr(pipeline, "_build", spy)
+
+    def epochs(out, **options):
+        ds = chute.load(out, batch_size=BATCH, cache=cache, **options)
+        return [[_key(e) for e in _examples(ds)] for _ in range(2)]
+
+    for options in ({"training": False}, {"seed": 3}):
+        first = epochs(data.out(), **options)
+        assert epochs(data.out(), **options) == first  # traced
+        assert epochs(data.out(), **options) == first  # the same trace
+        other = data.out(val_fraction=0.5)  # the same options, other shards
+        expected = _multiset(_expected(data.src, other, "train"))
+        for epoch in epochs(other, **options):
+            if options.get("training", True):
+                assert len(epoch) == len(set(epoch)) == 12 // BATCH * BATCH
+                assert all(k in expected for k in epoch)
+            else:
+                assert collections.Counter(epoch) == expected
+    assert eager == [True, False, True, False]  # eager, traced once; for each options
 
 
 def test_class_names(data, two_classes):

@@ -137,10 +137,11 @@ def run(
         say(f"timing {name}")
         rows.append(Row(name, *_timed_passes(make)))
 
-    # Warm-up passes so TensorFlow's one-time start-up (modules and kernels it
-    # loads on first use) is charged to nobody: one per chute.load configuration
-    # timed below, as the baselines' one-time costs fall in their slower pass.
-    for cache in (None, "memory"):
+    # Warm-up passes so one-time costs are charged to nobody, as the baselines'
+    # fall in their slower pass: TensorFlow's start-up (modules and kernels it
+    # loads on first use), and chute.load's tracing of a pipeline it builds a
+    # second time (see chute.pipeline). Two per chute.load configuration timed below.
+    for cache in (None, "memory", None, "memory"):
         _timed_passes(lambda c=cache: pipeline.load(shards, batch_size=batch_size, cache=c), 1)
     measure(
         "chute.load (pass 1: shards; pass 2: cache)",

@@ -40,7 +40,12 @@ Building the pipeline is part of every first epoch, so it is kept lean: no
 AutoGraph, plain ``Assert`` ops, the three tf.data constructors of
 ``chute.lean`` that skip the public wrappers' extra functions, and the two
 largest functions (the shard reader and the window cutter) traced once per
-process and kind of image, then shared by every dataset built after.
+process and kind of image, then shared by every dataset built after. A
+pipeline whose options (its ``_Plan``) were built before is built by one call
+of a traced function (~2 ms instead of ~25: TensorFlow instantiates every
+eagerly created dataset op anew); the shards, their counts and the epoch's
+steps are its arguments. Datasets with their own state (``skip_corrupt``
+counters, augmentation layers) are always built eagerly.
 
 Training batches drop the remainder (static shapes for TPU/XLA); evaluation
 (``training=False``) sees every example exactly once: in order, no shuffle,
@@ -51,6 +56,7 @@ that Keras's ``evaluate`` uses as ``sample_weight``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -163,7 +169,6 @@ def load(
         return _distributed(path, split, strategy, locals())
     import tensorflow as tf
 
-    cores = default_workers()
     manifest = manifest_lib.load(path)
     spec = manifest.image
     training = (split == "train") if training is None else bool(training)
@@ -193,90 +198,60 @@ def load(
     if num_examples == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
 
-    # Counts of skipped records (only skip_corrupt skips: otherwise they raise)
-    counters = {
-        name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f"chute_{name}")
-        for name in (("corrupt", "started", "decoded") if skip_corrupt else ())
-    }
     record_sharded = pipelines > 1 and not by_file
-    # Evaluation, a seed, or sharding by record (every pipeline must see one order)
-    # fix the order; otherwise a slow file must not hold the others up.
-    deterministic = not training or seed is not None or record_sharded
-    moving = training and not record_sharded  # new shard order and block boundaries each epoch
-    file_ids = tf.data.Dataset.range(len(files))
-    if moving:
-        file_ids = file_ids.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        # a random block size per shard and epoch (see the reader): boundaries move
-        draws = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-    else:
-        draws = tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)).repeat()
-    reader = _shard_reader(tf, manifest, files, counts, counters.get("corrupt"))
-    blocks = tf.data.Dataset.zip(file_ids, draws).interleave(
-        _plain(tf, reader),
-        # A fixed width where the order must not depend on the machine (a seed,
-        # evaluation, pipelines sharing records); else enough shards for the cores.
-        cycle_length=min(len(files), _CYCLE if deterministic else max(4, cores)),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=deterministic,
-    )
-    if record_sharded:
-        blocks = lean.split(tf, blocks).shard(pipelines, index).batch(_BLOCK)
-    parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": deterministic}
-    shape = (height, width, channels)
-    if encoding != "raw":  # one image per call, on every core (a decoded image each)
-        per_image = dict(parallel, num_parallel_calls=cores)
-        blocks = _decoded(tf, blocks, spec, shape, skip_corrupt, counters, per_image)
-    if cache_target is not None:
-        blocks = blocks.cache(cache_target)  # decoded pixels: later epochs skip the files
     resize = encoding == "raw" and (spec["height"], spec["width"]) != (height, width)
-    finish = _finisher(tf, manifest.num_classes, dtype, label_mode, augmenter, resize, shape)
-    # Without resize, augmentation or a float dtype, finishing is only labels and
-    # shapes: done per shuffle window, which saves a pipeline stage.
-    light = not resize and augmenter is None and dtype == "uint8"
-    if training and (cache_target is not None or not moving):
-        # Blocks replayed from the cache, or read in a fixed order, would fill the
-        # same windows every epoch: shuffle the blocks (about a window's worth).
-        # A shuffle makes its input's iterator at its first element; the prefetch
-        # (started with the iterator: warm start) asks for it at once, so the
-        # reader below starts while the stages above are still being set up.
-        blocks = blocks.shuffle(max(2, shuffle_buffer // _BLOCK), seed=seed).prefetch(1)
-    if training:
-        # a window holds decoded uint8 pixels: as stored (raw) or as decoded (PNG/JPEG)
+    window = None
+    if training:  # a window holds decoded uint8 pixels: as stored (raw) or as decoded
         per_record = channels * (
             height * width if encoding != "raw" else spec["height"] * spec["width"]
         )
         window = min(shuffle_buffer, max(batch_size, _WINDOW_BYTES // per_record))
         if window < shuffle_buffer:
             log.info("shuffle window: %d records (%d MB of pixels)", window, _WINDOW_BYTES >> 20)
-        # a light finish is known by its arguments (no augmentation layers): shared
-        light_finish = (manifest.num_classes, dtype, label_mode, None, False, shape)
-        batched = _mixed_batches(
-            tf, blocks, batch_size, seed, parallel, window, light_finish if light else None
-        )
-    else:
-        batched = lean.regroup(tf, blocks, batch_size)
-    if not (training and light):  # per batch: resize, cast, augment (batched, seeded), labels
-        # Keras's random layers draw from a seed generator: with a seed, batches
-        # take their draws in order, or the same seed would augment differently.
-        seeded = augmenter is not None and seed is not None
-        batched = batched.map(_plain(tf, finish), **({} if seeded else parallel))
-    if not skip_corrupt:  # the manifest knows the size: Keras shows real step counts
-        steps = num_examples // batch_size if training else -(-num_examples // batch_size)
-        batched = batched.apply(tf.data.experimental.assert_cardinality(steps))
-    if repeat and training:
-        batched = batched.repeat()
-    if pad_final_batch:
-        batched = _padded(tf, batched, batch_size)
-    options = tf.data.Options()
-    options.experimental_optimization.parallel_batch = True  # batches copied in parallel
-    # Start reading when the iterator is made, not at the first next(): the rest
-    # of setting up (Keras's, or the caller's) overlaps with the first shards.
-    options.experimental_warm_start = True
-    # No autotuning model: every stage is sized here (AUTOTUNE then means
-    # min(16, cores): shards read at once, batches finished at once), and the
-    # model cost ~3% of a pass and could hold up deleting an iterator.
-    options.autotune.enabled = False
-    batched = batched.prefetch(tf.data.AUTOTUNE).with_options(options)
+    plan = _Plan(
+        stored=(encoding, spec["height"], spec["width"], channels),
+        shape=(height, width, channels),
+        num_classes=manifest.num_classes,
+        training=training,
+        # Evaluation, a seed, or sharding by record (every pipeline must see one
+        # order) fix the order; otherwise a slow file must not hold the others up.
+        deterministic=not training or seed is not None or record_sharded,
+        # a new shard order and new block boundaries each epoch
+        moving=training and not record_sharded,
+        shared_records=(pipelines, index) if record_sharded else None,
+        cores=default_workers(),
+        cache=cache_target,
+        batch_size=batch_size,
+        seed=seed,
+        dtype=dtype,
+        label_mode=label_mode,
+        resize=resize,
+        # Without resize, augmentation or a float dtype, finishing is only labels
+        # and shapes: done per shuffle window, which saves a pipeline stage.
+        light=not resize and augmenter is None and dtype == "uint8",
+        seeded_augment=augmenter is not None and seed is not None,
+        window=window,
+        shuffle_buffer=shuffle_buffer,
+        repeat=repeat and training,
+        pad=pad_final_batch,
+        counted=skip_corrupt,
+    )
+    names, expected = tf.constant(files), tf.constant(counts, tf.int64)
+    # the manifest knows the size: Keras shows real step counts
+    steps = num_examples // batch_size if training else -(-num_examples // batch_size)
+    steps = tf.constant(steps, tf.int64)
+    # Counts of skipped records (only skip_corrupt skips: otherwise they raise)
+    counters = {
+        name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f"chute_{name}")
+        for name in (("corrupt", "started", "decoded") if skip_corrupt else ())
+    }
+    if counters or augmenter is not None:  # state of this dataset's own: built here
+        batched = _build(tf, plan, names, expected, steps, counters, augmenter)
+    elif plan in _BUILT:  # built before, so likely again: trace it once, then reuse
+        batched = _shared_build(plan)(names, expected, steps)
+    else:  # tracing costs more than one eager build: not for a plan built once
+        _BUILT.add(plan)
+        batched = _build(tf, plan, names, expected, steps, counters, augmenter)
     batched.class_names = list(manifest.class_names)
     batched.num_examples = num_examples
     batched.per_replica_batch_size = batch_size
@@ -286,6 +261,128 @@ def load(
         sum(counters[name].numpy() * sign for name, sign in _COUNTED.items() if name in counters)
     )
     return batched
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything about a pipeline except which shards it reads: two datasets
+    with equal plans are built by the same code with the same constants."""
+
+    stored: tuple  # (encoding, height, width, channels) as in the shards
+    shape: tuple  # (height, width, channels) of the images yielded
+    num_classes: int
+    training: bool
+    deterministic: bool
+    moving: bool
+    shared_records: tuple | None  # (pipelines, index) when pipelines share records
+    cores: int
+    cache: str | None
+    batch_size: int
+    seed: int | None
+    dtype: str
+    label_mode: str | None
+    resize: bool
+    light: bool
+    seeded_augment: bool
+    window: int | None
+    shuffle_buffer: int
+    repeat: bool
+    pad: bool
+    counted: bool
+
+
+_BUILT: set[_Plan] = set()  # plans built eagerly once in this process
+
+
+@functools.cache
+def _shared_build(plan: _Plan):
+    """``(shard paths, record counts, steps) -> dataset``: ``_build`` as a
+    ``tf.function`` traced once per plan and shared by the datasets built
+    after it.
+
+    TensorFlow runs each dataset op created eagerly as a function of its own,
+    instantiated anew every time (dataset ops are kept out of its kernel
+    cache): about 0.4 ms per op, ~12 ms for a training pipeline, plus ~10 ms
+    of tracing the functions not shared otherwise. Built by a traced function,
+    a pipeline costs one call (~2 ms), but tracing and instantiating it costs
+    ~25 ms more than one eager build: ``load`` uses it from a plan's second
+    build on.
+    """
+    import tensorflow as tf
+
+    def build(names, expected, steps):
+        return _build(tf, plan, names, expected, steps, {}, None)
+
+    specs = [tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64)]
+    return tf.function(
+        build, input_signature=[*specs, tf.TensorSpec([], tf.int64)], autograph=False
+    )
+
+
+def _build(tf, plan: _Plan, names, expected, steps, counters, augmenter):
+    """The pipeline of ``plan`` (see the module docstring) over the shards
+    ``names`` holding ``expected`` records each, with ``steps`` batches an epoch."""
+    encoding = plan.stored[0]
+    count = tf.size(names, out_type=tf.int64)
+    file_ids = tf.data.Dataset.range(count)
+    if plan.moving:
+        file_ids = file_ids.shuffle(count, seed=plan.seed, reshuffle_each_iteration=True)
+        # a random block size per shard and epoch (see the reader): boundaries move
+        draws = tf.data.Dataset.random(seed=plan.seed, rerandomize_each_iteration=True)
+    else:
+        draws = tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)).repeat()
+    reader = _shard_reader(tf, plan.stored, names, expected, counters.get("corrupt"))
+    # A fixed width where the order must not depend on the machine (a seed,
+    # evaluation, pipelines sharing records); else enough shards for the cores.
+    width = _CYCLE if plan.deterministic else max(4, plan.cores)
+    blocks = tf.data.Dataset.zip(file_ids, draws).interleave(
+        _plain(tf, reader),
+        cycle_length=tf.minimum(count, width),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=plan.deterministic,
+    )
+    if plan.shared_records is not None:
+        pipelines, index = plan.shared_records
+        blocks = lean.split(tf, blocks).shard(pipelines, index).batch(_BLOCK)
+    parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": plan.deterministic}
+    if encoding != "raw":  # one image per call, on every core (a decoded image each)
+        per_image = dict(parallel, num_parallel_calls=plan.cores)
+        blocks = _decoded(tf, blocks, plan, counters, per_image)
+    if plan.cache is not None:
+        blocks = blocks.cache(plan.cache)  # decoded pixels: later epochs skip the files
+    finish = _finisher(tf, plan, augmenter)
+    if plan.training and (plan.cache is not None or not plan.moving):
+        # Blocks replayed from the cache, or read in a fixed order, would fill the
+        # same windows every epoch: shuffle the blocks (about a window's worth).
+        # A shuffle makes its input's iterator at its first element; the prefetch
+        # (started with the iterator: warm start) asks for it at once, so the
+        # reader below starts while the stages above are still being set up.
+        blocks = blocks.shuffle(max(2, plan.shuffle_buffer // _BLOCK), seed=plan.seed)
+        blocks = blocks.prefetch(1)
+    if plan.training:
+        batched = _mixed_batches(tf, blocks, plan, parallel)
+    else:
+        batched = lean.regroup(tf, blocks, plan.batch_size)
+    if not (plan.training and plan.light):  # per batch: resize, cast, augment, labels
+        # Keras's random layers draw from a seed generator: with a seed, batches
+        # take their draws in order, or the same seed would augment differently.
+        batched = batched.map(_plain(tf, finish), **({} if plan.seeded_augment else parallel))
+    if not plan.counted:  # skipping makes the size unknown
+        batched = batched.apply(tf.data.experimental.assert_cardinality(steps))
+    if plan.repeat:
+        batched = batched.repeat()
+    if plan.pad:
+        batched = _padded(tf, batched, plan.batch_size)
+    options = tf.data.Options()
+    options.experimental_optimization.parallel_batch = True  # batches copied in parallel
+    # Start reading when the iterator is made, not at the first next(): the rest
+    # of setting up (Keras's, or the caller's) overlaps with the first shards.
+    options.experimental_warm_start = True
+    # No autotuning model: every stage is sized here (AUTOTUNE then means
+    # min(16, cores): shards read at once, batches finished at once), and the
+    # model cost ~3% of a pass and could hold up deleting an iterator.
+    options.autotune.enabled = False
+    return batched.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
 def pipeline_sizes(manifest: manifest_lib.Manifest, split: str, pipelines: int) -> list[int]:
@@ -356,19 +453,13 @@ _SIGNATURES = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8"}
 _GLOB = r"([*?\[\]\\])"  # characters tf.io.matching_files treats as a pattern
 
 
-def _shard_reader(tf, manifest, files, counts, corrupt):
+def _shard_reader(tf, stored, names, expected, corrupt):
     """``(file index, draw) -> blocks of (images, labels)`` read from one shard.
 
     The shard's path and expected count are looked up here; the blocks come
-    from ``_blocks_of``, traced once per kind of image and reused by every
-    dataset built later in the process (evaluation after training, each epoch's
-    rebuilt dataset in a notebook, every input pipeline of a strategy).
+    from ``_blocks_of``, traced once per kind of image (``stored``) and reused
+    by every dataset built later in the process.
     """
-    names = tf.constant(files)
-    expected = tf.constant(counts, tf.int64)
-    spec = manifest.image
-    image = (spec["encoding"], spec["height"], spec["width"], spec["channels"])
-    blocks_of = _blocks_of(*image, counted=corrupt is not None)
 
     def read(file_index, draw):
         path, want = tf.gather(names, file_index), tf.gather(expected, file_index)
@@ -376,7 +467,7 @@ def _shard_reader(tf, manifest, files, counts, corrupt):
         size = tf.where(
             draw < 0, tf.constant(_BLOCK, tf.int64), _BLOCK // 2 + draw % (_BLOCK // 2 + 1)
         )
-        return blocks_of(path, want, size, corrupt)
+        return _blocks_of(*stored, counted=corrupt is not None)(path, want, size, corrupt)
 
     return read
 
@@ -465,14 +556,14 @@ def _check(tf, condition, message):
     return tf.raw_ops.Assert(condition=condition, data=message, summarize=3)
 
 
-def _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel):
+def _decoded(tf, blocks, plan, counters, parallel):
     """Blocks of PNG/JPEG bytes -> blocks of uint8 images, one image per parallel call.
 
     Decoders take one image at a time. With ``skip_corrupt`` an image that does
     not decode is dropped; ``started - decoded`` counts the drops.
     """
-    height, width, channels = size
-    encoding, stored = spec["encoding"], (spec["height"], spec["width"])
+    encoding, stored = plan.stored[0], plan.stored[1:3]
+    height, width, channels = size = plan.shape
 
     def decode_one(data, label):
         if encoding == "png":
@@ -491,7 +582,7 @@ def _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel):
         return _plain(tf, add)
 
     records_ds = lean.split(tf, blocks)
-    if skip_corrupt:
+    if plan.counted:
         records_ds = records_ds.map(count("started")).map(_plain(tf, decode_one), **parallel)
         records_ds = records_ds.ignore_errors().map(count("decoded"))
     else:
@@ -499,15 +590,18 @@ def _decoded(tf, blocks, spec, size, skip_corrupt, counters, parallel):
     return records_ds.batch(_BLOCK)
 
 
-def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish=None):
+def _mixed_batches(tf, blocks, plan, parallel):
     """Training batches, all full: blocks regrouped into windows of about
-    ``window`` records, each window permuted (and finished, given ``finish``:
-    the arguments of ``_finisher``) and cut into batches (see ``_cutter``).
+    ``plan.window`` records, each window permuted (and finished, when the
+    finish is light) and cut into batches (see ``_cutter``).
     """
-    window = batch_size * max(1, window // batch_size)
+    batch_size, seed = plan.batch_size, plan.seed
+    window = batch_size * max(1, plan.window // batch_size)
     keys = tf.data.Dataset.random(  # not the stream of block sizes
         seed=None if seed is None else seed + 1, rerandomize_each_iteration=True
     )
+    # a light finish (labels and shapes) is known by these, and shared with the cutter
+    finish = (plan.num_classes, plan.label_mode, plan.shape) if plan.light else None
     cutter = _cutter(batch_size, tuple(blocks.element_spec[0].shape[1:]), finish)
 
     def cut(block, key):
@@ -524,8 +618,8 @@ def _mixed_batches(tf, blocks, batch_size, seed, parallel, window, finish=None):
 def _cutter(batch_size: int, image_shape: tuple, finish: tuple | None):
     """``(images, labels, key) -> batches``: a ``tf.function`` (traced once per
     batch size, image shape and finish, and shared like ``_blocks_of``) that permutes a
-    window of records with one gather, finishes it if ``finish`` (the
-    arguments of ``_finisher``) is given, and cuts it into whole batches,
+    window of records with one gather, gives it labels and shapes if ``finish``
+    (``(num_classes, label_mode, shape)``) is given, and cuts it into whole batches,
     whose static shape says they are full (TPU/XLA).
 
     Blocks come from several shards at once, and shards were written in random
@@ -536,7 +630,10 @@ def _cutter(batch_size: int, image_shape: tuple, finish: tuple | None):
     """
     import tensorflow as tf
 
-    finished = None if finish is None else _finisher(tf, *finish)
+    finished = None
+    if finish is not None:
+        num_classes, label_mode, shape = finish
+        finished = _finishing(tf, num_classes, "uint8", label_mode, None, False, shape)
 
     def cut(images, labels, key):
         count = tf.shape(labels)[0]
@@ -588,7 +685,14 @@ def _augmenter(augment, seed):
     return keras.Sequential(layers)
 
 
-def _finisher(tf, num_classes, dtype, label_mode, augmenter, resize, shape):
+def _finisher(tf, plan, augmenter):
+    """``(images, labels) -> batch``: resize, augment, cast and labels, as ``plan`` says."""
+    return _finishing(
+        tf, plan.num_classes, plan.dtype, plan.label_mode, augmenter, plan.resize, plan.shape
+    )
+
+
+def _finishing(tf, num_classes, dtype, label_mode, augmenter, resize, shape):
     def finish(images, labels):
         if resize:
             images = tf.cast(tf.round(tf.image.resize(images, shape[:2])), tf.uint8)
