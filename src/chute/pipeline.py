@@ -239,7 +239,6 @@ def load(
     names, expected = tf.constant(files), tf.constant(counts, tf.int64)
     # the manifest knows the size: Keras shows real step counts
     steps = num_examples // batch_size if training else -(-num_examples // batch_size)
-    steps = tf.constant(steps, tf.int64)
     # Counts of skipped records (only skip_corrupt skips: otherwise they raise)
     counters = {
         name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f"chute_{name}")
@@ -323,7 +322,9 @@ def _build(tf, plan: _Plan, names, expected, steps, counters, augmenter):
     """The pipeline of ``plan`` (see the module docstring) over the shards
     ``names`` holding ``expected`` records each, with ``steps`` batches an epoch."""
     encoding = plan.stored[0]
-    count = tf.size(names, out_type=tf.int64)
+    count = names.shape[0]  # known when built eagerly: no ops for it then
+    if count is None:
+        count = tf.size(names, out_type=tf.int64)
     file_ids = tf.data.Dataset.range(count)
     if plan.moving:
         file_ids = file_ids.shuffle(count, seed=plan.seed, reshuffle_each_iteration=True)
@@ -337,7 +338,7 @@ def _build(tf, plan: _Plan, names, expected, steps, counters, augmenter):
     width = _CYCLE if plan.deterministic else max(4, plan.cores)
     blocks = tf.data.Dataset.zip(file_ids, draws).interleave(
         _plain(tf, reader),
-        cycle_length=tf.minimum(count, width),
+        cycle_length=min(count, width) if isinstance(count, int) else tf.minimum(count, width),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=plan.deterministic,
     )
