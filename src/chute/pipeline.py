@@ -42,8 +42,8 @@ AutoGraph, plain ``Assert`` ops, the three tf.data constructors of
 largest functions (the shard reader and the window cutter) traced once per
 process and kind of image, then shared by every dataset built after. A
 pipeline whose options (its ``_Plan``) were built before is built by one call
-of a traced function (~2 ms instead of ~25: TensorFlow instantiates every
-eagerly created dataset op anew); the shards, their counts and the epoch's
+of a traced function (~2.5 ms instead of ~25-35: TensorFlow instantiates
+every eagerly created dataset op anew); the shards, their counts and the epoch's
 steps are its arguments. Datasets with their own state (``skip_corrupt``
 counters, augmentation layers) are always built eagerly.
 
@@ -303,9 +303,9 @@ def _shared_build(plan: _Plan):
     instantiated anew every time (dataset ops are kept out of its kernel
     cache): about 0.4 ms per op, ~12 ms for a training pipeline, plus ~10 ms
     of tracing the functions not shared otherwise. Built by a traced function,
-    a pipeline costs one call (~2 ms), but tracing and instantiating it costs
-    ~25 ms more than one eager build: ``load`` uses it from a plan's second
-    build on.
+    a pipeline costs one call (~2.5 ms), but tracing and instantiating it
+    costs ~10-20 ms more than one eager build: ``load`` uses it from a plan's
+    second build on.
     """
     import tensorflow as tf
 
