@@ -219,6 +219,32 @@ def test_a_plan_built_again_is_traced_once_and_gives_the_same_batches(data, monk
     assert eager == [True, False, True, False]  # eager, traced once; for each options
 
 
+def test_a_global_seed_still_gives_each_dataset_its_own_order(data, monkeypatch):
+    """Under tf.random.set_seed TensorFlow gives each dataset built without a seed
+    new op seeds, so built again it still gets its own order; with a seed, a build
+    of the same options gives the same batches, under whichever global seed."""
+    import tensorflow as tf
+
+    from chute import pipeline
+
+    monkeypatch.setattr(pipeline, "_BUILT", set())
+    fresh = functools.cache(pipeline._shared_build.__wrapped__)
+    monkeypatch.setattr(pipeline, "_shared_build", fresh)
+
+    def order(**options):
+        ds = chute.load(data.out(), batch_size=BATCH, cache=None, **options)
+        return tuple(_key(e) for e in _examples(ds))
+
+    try:
+        for global_seed in (7, 8):
+            tf.random.set_seed(global_seed)
+            assert len({order() for _ in range(3)}) == 3
+            assert len({order(seed=3) for _ in range(3)}) == 1
+            assert len({order(seed=np.int64(3)) for _ in range(2)}) == 1
+    finally:
+        tf.random.set_seed(None)
+
+
 def test_class_names(data, two_classes):
     assert chute.load(data.out(), batch_size=BATCH).class_names == ["a", "b", "c"]
     assert chute.load(two_classes, batch_size=BATCH).class_names == ["cat", "dog"]
@@ -553,6 +579,8 @@ def test_unknown_augment_name_is_an_error(data, training):
         ({"cache": "disk:"}, "cache"),
         ({"cache": True}, "cache"),
         ({"image_size": (0, 4)}, "image_size"),
+        ({"seed": "1"}, "seed"),
+        ({"seed": 1.5}, "seed"),
     ],
 )
 def test_bad_arguments_name_the_argument(data, kwargs, name):

@@ -39,13 +39,16 @@ The order of the pipeline, and why:
 Building the pipeline is part of every first epoch, so it is kept lean: no
 AutoGraph, plain ``Assert`` ops, the three tf.data constructors of
 ``chute.lean`` that skip the public wrappers' extra functions, and the two
-largest functions (the shard reader and the window cutter) traced once per
-process and kind of image, then shared by every dataset built after. A
+largest functions traced once per process, then shared by every dataset built
+after: the shard reader per kind of image (not with ``skip_corrupt``), the
+window cutter per batch size, image shape and labels. A
 pipeline whose options (its ``_Plan``) were built before is built by one call
 of a traced function (~2.5 ms instead of ~25-35: TensorFlow instantiates
 every eagerly created dataset op anew); the shards, their counts and the epoch's
 steps are its arguments. Datasets with their own state (``skip_corrupt``
-counters, augmentation layers) are always built eagerly.
+counters, augmentation layers), and those without a seed under a global
+``tf.random.set_seed`` (TensorFlow gives each one new op seeds), are always
+built eagerly.
 
 Training batches drop the remainder (static shapes for TPU/XLA); evaluation
 (``training=False``) sees every example exactly once: in order, no shuffle,
@@ -59,6 +62,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import numbers
 import os
 from typing import Any
 
@@ -82,6 +86,19 @@ def _plain(tf, function):
     """``function`` traced as written: it has no Python control flow on tensors,
     and skipping AutoGraph's source conversion makes building a dataset faster."""
     return tf.autograph.experimental.do_not_convert(function)
+
+
+def _global_seed(tf) -> int | None:
+    """The seed of ``tf.random.set_seed``, read where TensorFlow reads it: from
+    the eager context when executing eagerly, else from the graph."""
+    if tf.executing_eagerly():
+        try:
+            from tensorflow.python.eager import context
+        except ImportError:
+            context = None
+        if context is not None and callable(getattr(context, "global_seed", None)):
+            return context.global_seed()
+    return tf.compat.v1.get_default_graph().seed
 
 
 def _memory_budget() -> int:
@@ -173,6 +190,9 @@ def load(
     spec = manifest.image
     training = (split == "train") if training is None else bool(training)
     _check_args(batch_size, dtype, label_mode, shuffle_buffer, manifest, training, pad_final_batch)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise bad_value("seed", seed, "an integer or None")
+    seed = None if seed is None else int(seed)
     size = parse_image_size(image_size)
     if size is None and spec["height"] is None:
         raise ChuteError(
@@ -223,6 +243,8 @@ def load(
         cache=cache_target,
         batch_size=batch_size,
         seed=seed,
+        # tf.random.set_seed: op seeds derive from it, and a trace keeps the one it saw
+        global_seed=_global_seed(tf),
         dtype=dtype,
         label_mode=label_mode,
         resize=resize,
@@ -244,7 +266,11 @@ def load(
         name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f"chute_{name}")
         for name in (("corrupt", "started", "decoded") if skip_corrupt else ())
     }
-    if counters or augmenter is not None:  # state of this dataset's own: built here
+    # Built here: state of this dataset's own, or op seeds that TensorFlow draws
+    # anew for each dataset (a global seed and no seed), where a trace would
+    # give every dataset the same ones.
+    own = counters or augmenter is not None or (seed is None and plan.global_seed is not None)
+    if own:
         batched = _build(tf, plan, names, expected, steps, counters, augmenter)
     elif plan in _BUILT:  # built before, so likely again: trace it once, then reuse
         batched = _shared_build(plan)(names, expected, steps)
@@ -278,6 +304,7 @@ class _Plan:
     cache: str | None
     batch_size: int
     seed: int | None
+    global_seed: int | None
     dtype: str
     label_mode: str | None
     resize: bool
@@ -293,7 +320,7 @@ class _Plan:
 _BUILT: set[_Plan] = set()  # plans built eagerly once in this process
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)  # a traced pipeline each: a sweep of options stays bounded
 def _shared_build(plan: _Plan):
     """``(shard paths, record counts, steps) -> dataset``: ``_build`` as a
     ``tf.function`` traced once per plan and shared by the datasets built
