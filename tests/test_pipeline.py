@@ -858,6 +858,35 @@ def test_skip_corrupt_completes_and_counts(fresh, encoding, training):
         assert yielded + ds.corrupt_count() == 24
 
 
+def _make_unopenable(path: str) -> None:
+    """Puts a Unix socket where the shard was: it exists, but opening it fails,
+    as for a shard without read permission (which root, running tests, can read)."""
+    import socket
+
+    Path(path).unlink()
+    if len(path) > 100:
+        pytest.skip("path too long for a Unix socket")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+
+
+@pytest.mark.timeout(120)
+def test_a_shard_that_exists_but_cannot_be_read_is_named_or_skipped(fresh):
+    """TensorFlow's reader, told to skip errors, would retry opening it forever."""
+    out = fresh()
+    manifest = chute.load_manifest(out)
+    shard = manifest.shard_paths("train")[1]
+    lost = manifest.splits["train"]["shards"][1]["num_records"]
+    _make_unopenable(shard)
+    with pytest.raises(ChuteError, match=rf"{Path(shard).name} cannot be read"):
+        chute.load(out, batch_size=BATCH, training=False)
+    ds = chute.load(out, batch_size=BATCH, training=False, skip_corrupt=True)
+    assert _count_examples(ds) == 24 - lost
+    assert ds.corrupt_count() == lost > 0
+    training = chute.load(out, batch_size=BATCH, skip_corrupt=True, seed=1)
+    assert 0 < _count_examples(training) <= 24 - lost
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("encoding", ["raw", "png"])
 def test_undecodable_record_raises_naming_the_shard(fresh, encoding):

@@ -8,7 +8,8 @@ The order of the pipeline, and why:
    16 read by parallel calls), ``deterministic=False`` unless a seed,
    evaluation or sharding by record asks for a fixed order (then 16 at a time
    on any machine): a slow file never stalls the rest. A missing shard reads
-   as empty (and is reported as below) rather than being retried.
+   as empty (and is reported as below) rather than being retried; one that
+   exists but cannot be read is found (opened) when the dataset is built.
 3. **Parse and decode where the records are read**: each shard is read in
    blocks of 128-256 records (in training a new block size per shard and
    epoch, so block boundaries move); one function call per block parses it
@@ -66,7 +67,7 @@ import numbers
 import os
 from typing import Any
 
-from chute import lean, records
+from chute import lean, records, storage
 from chute import manifest as manifest_lib
 from chute.errors import ChuteError
 from chute.options import bad_value, one_of, parse_image_size
@@ -258,12 +259,15 @@ def load(
         pad=pad_final_batch,
         counted=skip_corrupt,
     )
-    names, expected = tf.constant(files), tf.constant(counts, tf.int64)
+    files, counts, lost = _readable(files, counts, skip_corrupt)
+    names, expected = tf.constant(files, tf.string), tf.constant(counts, tf.int64)
     # the manifest knows the size: Keras shows real step counts
     steps = num_examples // batch_size if training else -(-num_examples // batch_size)
     # Counts of skipped records (only skip_corrupt skips: otherwise they raise)
     counters = {
-        name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f"chute_{name}")
+        name: tf.Variable(
+            lost if name == "corrupt" else 0, dtype=tf.int64, trainable=False, name=f"chute_{name}"
+        )
         for name in (("corrupt", "started", "decoded") if skip_corrupt else ())
     }
     # Built here: state of this dataset's own, or op seeds that TensorFlow draws
@@ -365,7 +369,9 @@ def _build(tf, plan: _Plan, names, expected, steps, counters, augmenter):
     width = _CYCLE if plan.deterministic else max(4, plan.cores)
     blocks = tf.data.Dataset.zip(file_ids, draws).interleave(
         _plain(tf, reader),
-        cycle_length=min(count, width) if isinstance(count, int) else tf.minimum(count, width),
+        cycle_length=max(1, min(count, width))
+        if isinstance(count, int)
+        else tf.minimum(count, width),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=plan.deterministic,
     )
@@ -411,6 +417,27 @@ def _build(tf, plan: _Plan, names, expected, steps, counters, augmenter):
     # model cost ~3% of a pass and could hold up deleting an iterator.
     options.autotune.enabled = False
     return batched.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def _readable(files, counts, skip_corrupt):
+    """``files`` and ``counts`` without the shards that exist but cannot be read,
+    and the records those hold. Such a shard is an error naming it, or, with
+    ``skip_corrupt``, skipped and counted: read under ``ignore_errors``,
+    TensorFlow would retry opening it forever. (Missing shards are handled
+    while reading, where they read as empty.)"""
+    bad = storage.unreadable(files)
+    if not bad:
+        return files, counts, 0
+    if not skip_corrupt:
+        path, error = next(iter(bad.items()))
+        raise ChuteError(
+            f"shard {path} cannot be read ({error}). Check its permissions, "
+            "run `chute verify`, or pass skip_corrupt=True"
+        )
+    lost = sum(n for path, n in zip(files, counts, strict=True) if path in bad)
+    log.warning("skipping %d unreadable shard(s) (%d records): %s", len(bad), lost, sorted(bad))
+    kept = [(path, n) for path, n in zip(files, counts, strict=True) if path not in bad]
+    return [path for path, _ in kept], [n for _, n in kept], lost
 
 
 def pipeline_sizes(manifest: manifest_lib.Manifest, split: str, pipelines: int) -> list[int]:
