@@ -174,7 +174,8 @@ def load(
         ``skip_corrupt`` or ``repeat``).
 
     Raises:
-        ChuteError: for a bad argument or a path that is not a chute dataset.
+        ChuteError: for a bad argument, a path that is not a chute dataset, or
+            a shard that exists but cannot be read (unless ``skip_corrupt``).
         tf.errors.InvalidArgumentError: while iterating, naming the shard, when
             a shard is corrupt, truncated or missing, or an image does not
             match the manifest (unless ``skip_corrupt``).
