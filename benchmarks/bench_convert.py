@@ -1,11 +1,13 @@
 """Benchmark: chute convert against a plain single-process loop, same data, same run.
 
-    python benchmarks/bench_convert.py            # 26k images, 657 classes
+    python benchmarks/bench_convert.py            # 131k images, 657 classes
     python benchmarks/bench_convert.py --memory   # also peak RSS at ~20k and ~200k images
 
-The data: about 26,000 grayscale 100x100 PNG glyphs in 657 classes (the size of
-the Kannada dataset that motivates chute), generated once into --data. Both
-sides convert it to 75x75 raw uint8 records:
+The data: grayscale 100x100 PNG glyphs in 657 classes (the Kannada dataset that
+motivates chute has 40 per class; 200 per class here, 131,400 images, so that
+one conversion takes over 10 s and start-up costs weigh what they weigh on a
+real dataset), generated once into --data. Both sides convert it to 75x75 raw
+uint8 records:
 
 * baseline: one process, PIL decode + resize, tf.train.Example, tf.io.TFRecordWriter;
 * chute: ``chute.convert(..., workers=all cores)``, end to end (scan, hash, split,
@@ -32,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def make_data(root: str, classes: int, per_class: int, size: int) -> str:
-    from chute.samples import make_sample_folder
+    from chute import make_sample_folder
 
     marker = os.path.join(root, f".done-{classes}-{per_class}-{size}")
     if not os.path.exists(marker):
@@ -93,7 +95,7 @@ def run_chute(src: str, out: str) -> int:
 def speed(args) -> dict:
     import tensorflow as tf  # noqa: F401  (imported before timing, by both sides)
 
-    src = make_data(os.path.join(args.data, "kn26k"), 657, 40, 100)
+    src = make_data(os.path.join(args.data, f"kn{args.per_class}"), 657, args.per_class, 100)
     work = tempfile.mkdtemp(prefix="chute-bench-")
     times: dict[str, list[float]] = {"baseline": [], "chute": []}
     counts = {}
@@ -195,6 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "chute-bench-data"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-class", type=int, default=200, help="images per class (657)")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--_rss-child", nargs=2, help=argparse.SUPPRESS)

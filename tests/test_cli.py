@@ -7,11 +7,12 @@ import subprocess
 import sys
 import time
 
+from helpers import make_folder, run_cli
 from PIL import Image
 
 import chute
-from chute import cli, report
-from tests.conftest import make_folder, run_cli
+from chute import cli
+from chute.tools import report
 
 
 def test_help_lists_commands_without_importing_tensorflow():

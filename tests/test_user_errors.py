@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from helpers import make_folder, run_cli, write_image
 
 import chute
-from chute import ChuteError, sources
-from tests.conftest import make_folder, run_cli, write_image
+from chute import ChuteError
+from chute.ingest import sources
 
 
 def test_list_that_is_not_utf8(tmp_path):
@@ -43,7 +44,7 @@ def test_export_overwrite_never_deletes_a_foreign_folder(tmp_path):
     other = tmp_path / "precious"
     other.mkdir()
     (other / "thesis.tex").write_text("years of work")
-    from chute import exporting
+    from chute.fit import export as exporting
 
     with pytest.raises(ChuteError, match="only replaces an earlier chute export"):
         exporting._prepare_output(str(other), str(tmp_path / "bundle"), overwrite=True)

@@ -1,9 +1,24 @@
 """chute keeps TPUs and GPUs fed.
 
 Image-classification datasets (class folders, CSV lists, arrays,
-``keras.datasets``) become verified, sharded TFRecord files with a manifest.
-The public API is this facade; heavy modules (TensorFlow) load on first use,
-so ``import chute`` and ``chute --help`` are instant.
+``keras.datasets``) become verified, sharded TFRecord files with a manifest,
+read back by a fast tf.data pipeline and trained on under any
+``tf.distribute`` strategy. The public API is this facade over the stages:
+
+- ``chute.format``: the on-disk contract (record schema and framing, the
+  manifest and its one ``ImageSpec``, model bundles, storage);
+- ``chute.ingest``: ``convert`` (sources, split, decode/encode workers, shard
+  writer, resume) and ``verify``;
+- ``chute.read``: ``load`` (plan, shard reader, batches, augmentation, the
+  pipeline) and the ``image_dataset_from_directory`` drop-in;
+- ``chute.fit``: ``train`` (config, strategy, models, run directory, the
+  multi-worker loop), ``evaluate``, ``predict``, ``export``;
+- ``chute.tools``: ``inspect``, reports, samples, the demo and ``bench``.
+
+(The convert and train stages are ``ingest`` and ``fit``: a subpackage named
+``chute.convert`` would replace the ``chute.convert`` function on this module
+when first imported.) Heavy modules (TensorFlow) load on first use, so
+``import chute`` and ``chute --help`` are instant.
 
 Example:
     >>> import chute
@@ -22,33 +37,39 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ChuteError": "chute.errors",
-    "ConvertOptions": "chute.options",
-    "ConvertResult": "chute.conversion",
-    "convert": "chute.conversion",
-    "Manifest": "chute.manifest",
-    "load_manifest": ("chute.manifest", "load"),
-    "inspect": ("chute.describe", "describe"),
-    "verify": "chute.verification",
-    "VerifyReport": "chute.verification",
-    "make_sample_folder": "chute.samples",
-    "load": "chute.pipeline",
-    "auto_strategy": "chute.strategy",
-    "build_model": "chute.models",
-    "available_models": "chute.models",
-    "train": "chute.training",
-    "TrainConfig": "chute.training",
-    "evaluate": "chute.evaluation",
-    "predict": "chute.prediction",
-    "export": "chute.exporting",
-    "load_bundle": "chute.bundle",
-    "image_dataset_from_directory": "chute.dropin",
+    "ConvertOptions": "chute.ingest.options",
+    "ConvertResult": "chute.ingest.convert",
+    "convert": "chute.ingest.convert",
+    "ImageSpec": "chute.format.spec",
+    "Manifest": "chute.format.manifest",
+    "load_manifest": ("chute.format.manifest", "load"),
+    "inspect": "chute.tools.inspect",
+    "verify": "chute.ingest.verify",
+    "VerifyReport": "chute.ingest.verify",
+    "make_sample_folder": "chute.tools.samples",
+    "load": "chute.read.load",
+    "auto_strategy": "chute.fit.strategy",
+    "build_model": "chute.fit.models",
+    "available_models": "chute.fit.models",
+    "train": "chute.fit.train",
+    "TrainConfig": "chute.fit.config",
+    "TrainResult": "chute.fit.train",
+    "evaluate": "chute.fit.evaluate",
+    "predict": "chute.fit.predict",
+    "export": "chute.fit.export",
+    "Bundle": "chute.format.bundle",
+    "load_bundle": "chute.format.bundle",
+    "image_dataset_from_directory": "chute.read.dropin",
 }
 __all__ = [
+    "Bundle",
     "ChuteError",
     "ConvertOptions",
     "ConvertResult",
+    "ImageSpec",
     "Manifest",
     "TrainConfig",
+    "TrainResult",
     "VerifyReport",
     "auto_strategy",
     "available_models",
@@ -68,23 +89,25 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from chute.bundle import load_bundle
-    from chute.conversion import ConvertResult, convert
-    from chute.describe import describe as inspect
-    from chute.dropin import image_dataset_from_directory
     from chute.errors import ChuteError
-    from chute.evaluation import evaluate
-    from chute.exporting import export
-    from chute.manifest import Manifest
-    from chute.manifest import load as load_manifest
-    from chute.models import available_models, build_model
-    from chute.options import ConvertOptions
-    from chute.pipeline import load
-    from chute.prediction import predict
-    from chute.samples import make_sample_folder
-    from chute.strategy import auto_strategy
-    from chute.training import TrainConfig, train
-    from chute.verification import VerifyReport, verify
+    from chute.fit.config import TrainConfig
+    from chute.fit.evaluate import evaluate
+    from chute.fit.export import export
+    from chute.fit.models import available_models, build_model
+    from chute.fit.predict import predict
+    from chute.fit.strategy import auto_strategy
+    from chute.fit.train import TrainResult, train
+    from chute.format.bundle import Bundle, load_bundle
+    from chute.format.manifest import Manifest
+    from chute.format.manifest import load as load_manifest
+    from chute.format.spec import ImageSpec
+    from chute.ingest.convert import ConvertResult, convert
+    from chute.ingest.options import ConvertOptions
+    from chute.ingest.verify import VerifyReport, verify
+    from chute.read.dropin import image_dataset_from_directory
+    from chute.read.load import load
+    from chute.tools.inspect import inspect
+    from chute.tools.samples import make_sample_folder
 
 
 def __getattr__(name: str) -> Any:

@@ -22,15 +22,40 @@ from collections.abc import Sequence
 
 from chute import __version__
 from chute.errors import ChuteError
-from chute.options import (
-    COLOR_MODES,
-    ENCODINGS,
-    INTERPOLATIONS,
-    RESIZE_MODES,
-    ConvertOptions,
-)
-from chute.strategy import KINDS, PRECISIONS
-from chute.training import OPTIMIZERS, SCHEDULES
+from chute.fit.config import TrainConfig
+from chute.ingest.options import ConvertOptions
+
+
+def _add_options(parser: argparse.ArgumentParser, options: type) -> None:
+    """One flag per field of an options dataclass (``image_size`` -> ``--image-size``),
+    with the help, type and choices its field declares (see :func:`chute.settings.option`).
+
+    Every flag defaults to None, meaning "not given": the dataclass's default
+    (or a config file's value) applies.
+    """
+    for field in dataclasses.fields(options):
+        meta = field.metadata
+        if not meta.get("flag", True):
+            continue
+        help_text = meta["help"]
+        if field.default not in (None, (), False):
+            help_text += f" (default: {field.default})"
+        kwargs: dict = {"dest": field.name, "default": None, "help": help_text}
+        if isinstance(field.default, bool):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = meta.get("type") or type(field.default)
+            if meta.get("choices"):
+                kwargs["choices"] = meta["choices"]
+            if meta.get("metavar"):
+                kwargs["metavar"] = meta["metavar"]
+        parser.add_argument("--" + field.name.replace("_", "-"), **kwargs)
+
+
+def _given(args: argparse.Namespace, options: type) -> dict:
+    """The options a command line gave (flags left out are not in the dict)."""
+    names = (field.name for field in dataclasses.fields(options))
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,20 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("source", metavar="SRC")
     convert.add_argument("output", metavar="OUT")
-    option = convert.add_argument
-    option("--image-size", metavar="H[xW]", help="resize to H x W (default: a common size)")
-    option("--resize", choices=RESIZE_MODES, help="reach the aspect ratio (default: %(default)s)")
-    option("--interpolation", choices=INTERPOLATIONS, help="(default: %(default)s)")
-    option("--keep-size", action="store_true", help="store each image at its own size")
-    option("--color-mode", choices=COLOR_MODES, help="(default: %(default)s)")
-    option("--encoding", choices=ENCODINGS, help="(default: %(default)s)")
-    option("--quality", type=int, help="JPEG quality 1-100 (default: %(default)s)")
-    option("--val-fraction", type=float, help="share held out for validation (default: 0)")
-    option("--test-fraction", type=float, help="share held out for testing (default: 0)")
-    option("--seed", type=int, help="seed of the split and record order (default: %(default)s)")
-    option("--shard-size-mb", type=float, help="target shard size (default: %(default)s)")
-    option("--min-shards", type=int, help="per split (default: 16 when each gets >= 64 images)")
-    option("--max-pixels", type=int, help="reject larger images (default: %(default)s)")
+    _add_options(convert, ConvertOptions)
     convert.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     convert.add_argument(
         "--overwrite",
@@ -82,9 +94,6 @@ def _parser() -> argparse.ArgumentParser:
         help="progress bars (default: when stderr is a terminal)",
     )
 
-    # ConvertOptions holds the defaults; the flags only name them.
-    convert.set_defaults(**{f.name: f.default for f in dataclasses.fields(ConvertOptions)})
-
     inspect = commands.add_parser("inspect", help="summarise a converted dataset")
     inspect.add_argument("path", metavar="OUT")
     inspect.add_argument("--grid", metavar="FILE.png", help="also draw sample images per class")
@@ -101,22 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("data", metavar="DATA", help="a folder written by chute convert")
     train.add_argument("--run-dir", help="where the model and reports go (default: runs/MODEL)")
     train.add_argument("--config", metavar="FILE.toml", help="options from a TOML file; flags win")
-    train.add_argument("--model", help="registry name (default: kannada-cnn)")
-    train.add_argument("--epochs", type=int)
-    train.add_argument("--batch-size", type=int, help="per replica (default: 128)")
-    train.add_argument("--optimizer", choices=OPTIMIZERS)
-    train.add_argument("--learning-rate", type=float)
-    train.add_argument("--schedule", choices=SCHEDULES)
-    train.add_argument("--label-smoothing", type=float)
-    train.add_argument("--class-weights", choices=("balanced",))
-    train.add_argument("--steps-per-execution", type=int)
-    train.add_argument("--early-stopping", type=int, metavar="PATIENCE")
-    train.add_argument("--strategy", choices=KINDS)
-    train.add_argument("--tpu", metavar="ADDRESS")
-    train.add_argument("--precision", choices=PRECISIONS)
-    train.add_argument("--augment", help="comma-separated: flip,rotation,zoom,translation,...")
-    train.add_argument("--weights", metavar="FILE", help="local weights file for the model")
-    train.add_argument("--seed", type=int)
+    _add_options(train, TrainConfig)
     train.add_argument("--overwrite", action="store_true", help="train again in a finished run_dir")
 
     evaluate = commands.add_parser("evaluate", help="loss, accuracy, top-5, per-class, confusion")
@@ -194,7 +188,7 @@ def _progress_enabled(flag: bool | None) -> bool:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from chute.conversion import convert
+    from chute.ingest.convert import convert
 
     bars = _Bars(_progress_enabled(args.progress))
     try:
@@ -205,11 +199,7 @@ def _convert(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             allow_outside=args.allow_outside,
             progress=bars,
-            # every ConvertOptions field has the flag of the same name (--image-size, ...)
-            **{
-                field.name: getattr(args, field.name)
-                for field in dataclasses.fields(ConvertOptions)
-            },
+            **_given(args, ConvertOptions),
         )
     finally:
         bars.close()
@@ -221,12 +211,10 @@ def _convert(args: argparse.Namespace) -> int:
         return 0
     total = sum(result.num_written.values())
     rate = total / result.seconds if result.seconds else 0.0
-    spec = manifest.image
-    size = f"{spec['height']}x{spec['width']}" if spec["height"] else "original-size"
     print(
         f"converted {args.source} -> {args.output} in {result.seconds:.1f} s ({rate:,.0f} images/s)"
     )
-    print(f"  {manifest.num_classes} classes, {size} x{spec['channels']} {spec['encoding']}")
+    print(f"  {manifest.num_classes} classes, {manifest.image.describe()}")
     for name, split in manifest.splits.items():
         print(f"  {name:<5} {split['num_examples']:>8} images in {len(split['shards'])} shard(s)")
     if result.resumed_shards:
@@ -240,22 +228,22 @@ def _convert(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     if args.json:
-        from chute.manifest import load
+        from chute.format.manifest import load
 
         print(load(args.path).to_json(), end="")
     else:
-        from chute.describe import describe
+        from chute.tools.inspect import inspect
 
-        print(describe(args.path))
+        print(inspect(args.path))
     if args.grid:
-        from chute.report import draw_grid
+        from chute.tools.report import draw_grid
 
         print(f"grid of sample images: {draw_grid(args.path, args.grid, split=args.split)}")
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from chute.verification import verify
+    from chute.ingest.verify import verify
 
     bars = _Bars(_progress_enabled(args.progress))
     try:
@@ -276,12 +264,9 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from chute.training import TrainConfig, train
+    from chute.fit.train import train
 
-    names = [f.name for f in dataclasses.fields(TrainConfig)]
-    flags = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
-    if isinstance(flags.get("augment"), str):
-        flags["augment"] = tuple(a.strip() for a in flags["augment"].split(",") if a.strip())
+    flags = _given(args, TrainConfig)
     config = TrainConfig.from_toml(args.config, **flags) if args.config else TrainConfig(**flags)
     run_dir = args.run_dir or os.path.join("runs", config.model)
     result = train(args.data, run_dir, config=config, overwrite=args.overwrite)
@@ -306,7 +291,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from chute.evaluation import evaluate
+    from chute.fit.evaluate import evaluate
 
     report = evaluate(args.model, args.data, split=args.split, out_dir=args.out)
     print(
@@ -325,7 +310,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from chute.prediction import predict
+    from chute.fit.predict import predict
 
     result = predict(args.model, args.images, top_k=args.top_k)
     if args.json:
@@ -342,7 +327,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from chute.exporting import export
+    from chute.fit.export import export
 
     path = export(args.run, args.output, format=args.format, overwrite=args.overwrite)
     print(f"exported ({args.format}) to {path}")
@@ -350,7 +335,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from chute.bench import run, table
+    from chute.tools.bench import run, table
 
     figures = run(
         args.source,
@@ -369,10 +354,14 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from chute.demo import run
+    from chute.tools.demo import run
 
     paths = run(
-        args.directory, num_classes=args.classes, images_per_class=args.per_class, say=print
+        args.directory,
+        num_classes=args.classes,
+        images_per_class=args.per_class,
+        epochs=args.epochs,
+        say=print,
     )
     print("\nartefacts:\n" + json.dumps(paths, indent=2))
     return 0

@@ -1,0 +1,2 @@
+"""The train stage: ``config``, ``strategy``, ``models``, the run directory, ``train`` (and
+the multi-worker ``loop``), ``evaluate``, ``predict`` and ``export``."""

@@ -1,0 +1,135 @@
+"""``keras.applications`` backbones as chute models: uint8 in, the backbone's own
+preprocessing rebuilt from built-in layers, a Dropout + Dense head.
+
+Example:
+    >>> shape = (96, 96, 3)
+    >>> model, backbone = application_model("MobileNetV2", shape, 5, 0.2, shape)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from typing import Any
+
+import numpy as np
+
+from chute import checks
+from chute.errors import ChuteError
+from chute.fit.cnns import classifier, image_input
+from chute.lazy import keras
+
+log = logging.getLogger(__name__)
+
+BACKBONE_LAYER = "backbone"
+"""Name of the nested ``keras.applications`` model, e.g. to freeze it:
+``model.get_layer(BACKBONE_LAYER).trainable = False``."""
+
+
+def is_model_function(attribute: str) -> bool:
+    """Whether ``keras.applications.<attribute>`` builds a model (``include_top``, ``weights``)."""
+    function = getattr(keras.applications, attribute, None)
+    if not inspect.isfunction(function):
+        return False
+    parameters = inspect.signature(function).parameters
+    return "include_top" in parameters and "weights" in parameters
+
+
+def application_names() -> list[str]:
+    """Every ``keras.applications`` model function name."""
+    return [a for a in dir(keras.applications) if not a.startswith("_") and is_model_function(a)]
+
+
+def _input_transform(family: str) -> tuple[list[int], list[float], list[float]]:
+    """Reads ``keras.applications.<family>.preprocess_input`` as an affine map.
+
+    Returns ``(order, scale, offset)`` such that, for pixels ``x`` in [0, 255],
+    ``preprocess_input(x)[..., j] == x[..., order[j]] * scale[j] + offset[j]``:
+    ``"tf"`` mode is ``x / 127.5 - 1``, ``"torch"`` is ``(x / 255 - mean) / std``,
+    ``"caffe"`` is RGB to BGR minus the ImageNet mean, and the families that
+    normalise inside the model (EfficientNet, ConvNeXt, ...) are the identity.
+    Probing the function instead of keeping a table follows Keras as it changes.
+    """
+    module = getattr(keras.applications, family, None)
+    function = getattr(module, "preprocess_input", None)
+    if function is None:
+        log.warning(
+            "keras.applications.%s has no preprocess_input; pixels kept in [0, 255]", family
+        )
+        return [0, 1, 2], [1.0] * 3, [0.0] * 3
+    probe = np.zeros((5, 1, 1, 3), np.float32)
+    for channel in range(3):
+        probe[1 + channel, 0, 0, channel] = 255.0
+    probe[4, 0, 0] = (17.0, 99.0, 201.0)  # a check that the map is affine
+    out = np.asarray(function(probe.copy()), dtype=np.float64).reshape(5, 3)
+    offset = out[0]
+    effect = out[1:4] - offset  # effect[c, j]: what input channel c does to output j
+    order: list[int] = []
+    scale: list[float] = []
+    for j in range(3):
+        sources = np.flatnonzero(np.abs(effect[:, j]) > 1e-6)
+        if len(sources) != 1:
+            break
+        order.append(int(sources[0]))
+        scale.append(float(effect[sources[0], j]) / 255.0)
+    expected = probe[4, 0, 0, order] * np.array(scale) + offset if len(order) == 3 else None
+    if expected is None or not np.allclose(out[4], expected, rtol=1e-4, atol=1e-4):
+        raise ChuteError(
+            f"keras.applications.{family}.preprocess_input is not a per-channel scale and "
+            "offset, so it cannot be rebuilt from serialisable layers; choose another model"
+        )
+    # float32 arithmetic in preprocess_input leaves noise past 7 digits (1.0000000299...).
+    return order, [_round7(v) for v in scale], [_round7(v) for v in offset]
+
+
+def _round7(value: float) -> float:
+    return float(f"{value:.7g}")
+
+
+def application_model(
+    app_name: str,
+    shape: tuple[int, int, int],
+    num_classes: int,
+    dropout: float,
+    given_shape: Any,
+) -> tuple[Any, Any]:
+    """A keras.applications backbone between the uint8 input and a Dropout + Dense head."""
+    function = getattr(keras.applications, app_name)
+    family = function.__module__.rsplit(".", 1)[-1]
+    order, scale, offset = _input_transform(family)
+    kwargs: dict[str, Any] = {
+        "input_shape": (shape[0], shape[1], 3),
+        "include_top": False,
+        "weights": None,  # never "imagenet": nothing is downloaded at run time
+        "pooling": "avg",
+    }
+    if "name" in inspect.signature(function).parameters:
+        kwargs["name"] = BACKBONE_LAYER
+    try:
+        backbone = function(**kwargs)
+    except ValueError as error:
+        minimum = re.search(r"at least (\d+)x(\d+)", str(error))
+        allowed = (
+            f"at least {minimum[1]}x{minimum[2]} pixels for {app_name}"
+            if minimum
+            else f"a shape {app_name} accepts ({str(error).splitlines()[0]})"
+        )
+        raise checks.bad_value("input_shape", given_shape, allowed) from None
+
+    inputs = image_input(shape)
+    x = inputs
+    if shape[2] == 1:
+        # The backbone wants 3 channels: repeat the gray one (built-in layer, no Lambda).
+        x = keras.layers.Concatenate(name="gray_to_rgb")([x, x, x])
+    elif order != [0, 1, 2]:
+        # e.g. "caffe" mode wants BGR; a keras.ops call serialises in a functional model.
+        x = keras.ops.flip(x, axis=-1) if order == [2, 1, 0] else keras.ops.take(x, order, -1)
+    if len(set(scale)) == 1 and len(set(offset)) == 1:
+        x = keras.layers.Rescaling(scale[0], offset[0], name="preprocess")(x)
+    else:
+        x = keras.layers.Rescaling(scale, offset, name="preprocess")(x)
+    x = backbone(x)
+    x = keras.layers.Dropout(dropout)(x)
+    model = keras.Model(inputs, classifier(x, num_classes), name=app_name)
+    return model, backbone

@@ -1,0 +1,112 @@
+"""chute's own CNNs for small images, each taking uint8 pixels and rescaling inside.
+
+* ``"kannada-cnn"``: the Kannada-MNIST style CNN (blocks of Conv2D +
+  BatchNorm + ReLU, MaxPool, Dropout, then a Dense layer); small enough to
+  train on a CPU at 32x32 to 75x75 grayscale.
+* ``"cifar-cnn"``: the CIFAR-10 CNN of the Colab TPU article (Conv2D
+  32/64/128 with BatchNorm, MaxPool and Dropout, then Dense).
+* ``"resnet-small"``: a small ResNet (three stages of two residual blocks with
+  BatchNorm, global average pooling).
+
+Example:
+    >>> model = CNNS["kannada-cnn"]((32, 32, 1), 10, 0.2)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from chute.lazy import keras
+
+MIN_SIZE = 8  # three 2x2 poolings (or two stride-2 stages) need 8 pixels to leave one
+
+
+def image_input(shape: tuple[int, int, int]) -> Any:
+    """The uint8 image input of every chute model."""
+    return keras.Input(shape=shape, dtype="uint8", name="image")
+
+
+def classifier(x: Any, num_classes: int) -> Any:
+    """The softmax output, float32 so mixed precision keeps float32 probabilities."""
+    return keras.layers.Dense(
+        num_classes, activation="softmax", dtype="float32", name="predictions"
+    )(x)
+
+
+# Keras's default 0.99 lets the moving statistics lag far behind on the few
+# hundred steps small datasets train for: validation looks broken for epochs.
+_BN_MOMENTUM = 0.9
+
+
+def _conv_bn_relu(x: Any, filters: int, *, kernel_size: int = 3, strides: int = 1) -> Any:
+    x = keras.layers.Conv2D(filters, kernel_size, strides=strides, padding="same", use_bias=False)(
+        x
+    )
+    x = keras.layers.BatchNormalization(momentum=_BN_MOMENTUM)(x)
+    return keras.layers.ReLU()(x)
+
+
+def _image_input(shape: tuple[int, int, int]) -> tuple[Any, Any]:
+    """The uint8 input and its float version in [0, 1] (compute dtype of the policy)."""
+    inputs = image_input(shape)
+    return inputs, keras.layers.Rescaling(1.0 / 255, name="rescale")(inputs)
+
+
+def _kannada_cnn(shape: tuple[int, int, int], num_classes: int, dropout: float) -> Any:
+    """Kannada-MNIST style: three blocks of two Conv-BN-ReLU, MaxPool, Dropout; Dense 256."""
+    inputs, x = _image_input(shape)
+    for filters in (32, 64, 128):
+        x = _conv_bn_relu(x, filters)
+        x = _conv_bn_relu(x, filters)
+        x = keras.layers.MaxPooling2D()(x)
+        x = keras.layers.Dropout(dropout)(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(256, use_bias=False)(x)
+    x = keras.layers.BatchNormalization(momentum=_BN_MOMENTUM)(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, classifier(x, num_classes), name="kannada_cnn")
+
+
+def _cifar_cnn(shape: tuple[int, int, int], num_classes: int, dropout: float) -> Any:
+    """The CIFAR-10 CNN: Conv 32/64/128 pairs with BatchNorm, MaxPool, Dropout; Dense."""
+    inputs, x = _image_input(shape)
+    for filters in (32, 64, 128):
+        for _ in range(2):
+            x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+            x = keras.layers.BatchNormalization(momentum=_BN_MOMENTUM)(x)
+        x = keras.layers.MaxPooling2D()(x)
+        x = keras.layers.Dropout(dropout)(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(128, activation="relu")(x)
+    x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, classifier(x, num_classes), name="cifar_cnn")
+
+
+def _resnet_small(shape: tuple[int, int, int], num_classes: int, dropout: float) -> Any:
+    """A ResNet-14: a 3x3 stem, three stages of two basic residual blocks, global pooling."""
+    inputs, x = _image_input(shape)
+    x = _conv_bn_relu(x, 32)
+    for stage, filters in enumerate((32, 64, 128)):
+        for block in range(2):
+            strides = 2 if stage > 0 and block == 0 else 1
+            shortcut = x
+            y = _conv_bn_relu(x, filters, strides=strides)
+            y = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(y)
+            y = keras.layers.BatchNormalization(momentum=_BN_MOMENTUM)(y)
+            if strides != 1 or shortcut.shape[-1] != filters:
+                # Projection shortcut where the block changes the resolution or width.
+                shortcut = keras.layers.Conv2D(filters, 1, strides=strides, use_bias=False)(x)
+                shortcut = keras.layers.BatchNormalization(momentum=_BN_MOMENTUM)(shortcut)
+            x = keras.layers.ReLU()(keras.layers.Add()([shortcut, y]))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, classifier(x, num_classes), name="resnet_small")
+
+
+CNNS: dict[str, Callable[[tuple[int, int, int], int, float], Any]] = {
+    "kannada-cnn": _kannada_cnn,
+    "cifar-cnn": _cifar_cnn,
+    "resnet-small": _resnet_small,
+}

@@ -1,0 +1,124 @@
+"""The options of a training run: one frozen, validated dataclass.
+
+Flags of ``chute train`` and the keys of a TOML config file are its fields;
+defaults and help are written here only.
+
+Example:
+    >>> TrainConfig(model="cifar-cnn", epochs=3).batch_size
+    128
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+from chute import checks
+from chute.errors import ChuteError
+from chute.fit.strategy import KINDS, PRECISIONS
+from chute.settings import from_mapping, option
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
+SCHEDULES = ("constant", "cosine", "exponential")
+CLASS_WEIGHTS = (None, "balanced")
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """``"flip,zoom"`` (a flag or a TOML string) or a list, as a tuple of names."""
+    if isinstance(value, str):
+        return tuple(name.strip() for name in value.split(",") if name.strip())
+    return tuple(value or ())
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on (flags, or a TOML file, fill it).
+
+    Attributes:
+        model: a registry name (see ``chute.available_models()``).
+        epochs: passes over the training split.
+        batch_size: examples per step **per replica**.
+        optimizer: ``adam``, ``adamw``, ``sgd`` (momentum 0.9) or ``rmsprop``.
+        learning_rate: the initial learning rate.
+        schedule: ``constant``, ``cosine`` (decay to 0 over the run) or ``exponential``.
+        label_smoothing: 0 to 0.5.
+        class_weights: ``None`` or ``"balanced"`` (inverse class frequency).
+        steps_per_execution: steps per compiled call; default from the strategy.
+        early_stopping: stop after this many epochs without validation gain.
+        strategy: ``auto``, ``tpu``, ``gpu``, ``cpu`` or ``multiworker``.
+        tpu: a TPU name or address.
+        precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
+        augment: augmentation names for the training data (see ``chute.load``).
+        weights: a local weights file for the model.
+        seed: seeds Keras, the data order and augmentation.
+    """
+
+    model: str = option("kannada-cnn", "registry name or keras.applications model")
+    epochs: int = option(10, "passes over the training split")
+    batch_size: int = option(128, "examples per step per replica")
+    optimizer: str = option("adam", "optimizer", choices=OPTIMIZERS)
+    learning_rate: float = option(1e-3, "initial learning rate")
+    schedule: str = option("constant", "learning-rate schedule", choices=SCHEDULES)
+    label_smoothing: float = option(0.0, "0 to 0.5")
+    class_weights: str | None = option(
+        None, "weigh classes by inverse frequency", type=str, choices=("balanced",)
+    )
+    steps_per_execution: int | None = option(
+        None, "steps per compiled call (default: from the strategy)", type=int
+    )
+    early_stopping: int | None = option(
+        None, "stop after this many epochs without gain", type=int, metavar="PATIENCE"
+    )
+    strategy: str = option("auto", "tf.distribute strategy", choices=KINDS)
+    tpu: str | None = option(None, "TPU name or address", type=str, metavar="ADDRESS")
+    precision: str = option("auto", "Keras mixed-precision policy", choices=PRECISIONS)
+    augment: tuple[str, ...] = option(
+        (), "comma-separated: flip,rotation,zoom,translation,...", type=_names, metavar="NAMES"
+    )
+    weights: str | None = option(None, "local weights file for the model", type=str, metavar="FILE")
+    seed: int = option(1337, "seeds Keras, the data order and augmentation")
+
+    def __post_init__(self) -> None:
+        checks.positive_int("epochs", self.epochs)
+        checks.positive_int("batch_size", self.batch_size)
+        checks.one_of("optimizer", self.optimizer, OPTIMIZERS)
+        checks.one_of("strategy", self.strategy, KINDS)
+        checks.one_of("precision", self.precision, PRECISIONS)
+        checks.one_of("schedule", self.schedule, SCHEDULES)
+        if self.class_weights not in CLASS_WEIGHTS:
+            raise checks.bad_value("class_weights", self.class_weights, "None or 'balanced'")
+        rate = self.learning_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 10:
+            raise checks.bad_value("learning_rate", rate, "a number between 0 and 10")
+        checks.number_in(
+            "label_smoothing", self.label_smoothing, 0, 0.5, what="a number from 0 to 0.5"
+        )
+        checks.optional_positive_int("steps_per_execution", self.steps_per_execution)
+        checks.optional_positive_int("early_stopping", self.early_stopping)
+        object.__setattr__(self, "augment", _names(self.augment))
+        checks.int_in("seed", self.seed, 0, what="a non-negative integer")
+
+    @classmethod
+    def from_toml(cls, path: str, **overrides: Any) -> TrainConfig:
+        """Reads a TOML file (its top-level keys are the fields); ``overrides`` win."""
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib
+        try:
+            with open(path, "rb") as handle:
+                values = tomllib.load(handle)
+        except OSError as error:
+            raise ChuteError(
+                f"`config` cannot be read. Received: config={path!r} ({error})"
+            ) from None
+        except tomllib.TOMLDecodeError as error:
+            raise ChuteError(f"`config` is not valid TOML: {path!r} ({error})") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Builds a config, naming unknown keys in the error."""
+        return from_mapping(cls, values, "training option")

@@ -1,0 +1,156 @@
+"""A plain training loop for ``MultiWorkerMirroredStrategy``.
+
+Keras 3.15's ``fit`` fails under that strategy (keras-team/keras#20585), so
+multi-worker runs train here, with per-worker input (``chute.load`` with the
+strategy), the same checkpoints and history as the ``fit`` path, and resume.
+
+Example:
+    >>> history, seconds = fit_multiworker(model, strategy, train, val, steps=100,
+    ...     config=config, class_weight=None, run=run, monitor="val_accuracy")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+
+from chute.fit.config import TrainConfig
+from chute.fit.objective import categorical, make_loss, make_optimizer
+from chute.fit.rundir import RunDir
+from chute.format import storage
+from chute.lazy import tf
+
+log = logging.getLogger(__name__)
+
+
+def fit_multiworker(
+    model,
+    strategy,
+    train_ds,
+    val_ds,
+    *,
+    steps: int,
+    config: TrainConfig,
+    class_weight: dict | None,
+    run: RunDir,
+    monitor: str,
+) -> tuple[dict[str, list[float]], list[float]]:
+    """A plain training loop for MultiWorkerMirroredStrategy (Keras's fit fails there).
+
+    Every worker runs the same number of steps (the smallest worker's share, so
+    no collective waits for a worker that ran out of data), validates on the
+    whole val split by itself (identical weights, no collectives), keeps a
+    ``tf.train.CheckpointManager`` backup per epoch (a killed run resumes) and
+    saves ``checkpoints/best.keras`` and ``last.keras`` like the fit path.
+
+    Returns:
+        The history (metric name -> value per epoch) and the seconds of each epoch run.
+    """
+    with strategy.scope():
+        optimizer = make_optimizer(config, steps)
+        loss_fn = make_loss(config, reduction="none")
+        epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+    is_categorical = categorical(config)
+    weights = None
+    if class_weight:
+        weights = tf.constant([class_weight[i] for i in range(len(class_weight))], tf.float32)
+    global_batch = train_ds.global_batch_size
+    k = min(5, model.output_shape[-1])
+
+    def targets(labels):
+        return tf.argmax(labels, -1) if is_categorical else tf.cast(labels, tf.int64)
+
+    @tf.function
+    def train_step(iterator):
+        def step(images, labels):
+            with tf.GradientTape() as tape:
+                probs = model(images, training=True)
+                per_example = loss_fn(labels, probs)
+                if weights is not None:
+                    per_example *= tf.gather(weights, targets(labels))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            truth = targets(labels)
+            right = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1), truth), tf.float32))
+            top = tf.reduce_sum(tf.cast(tf.math.in_top_k(truth, probs, k), tf.float32))
+            return tf.stack([loss, right, top])
+
+        return strategy.reduce("SUM", strategy.run(step, args=next(iterator)), axis=None)
+
+    @tf.function
+    def val_step(images, labels):
+        probs = model(images, training=False)
+        truth = targets(labels)
+        return tf.stack(
+            [
+                tf.reduce_sum(loss_fn(labels, probs)),
+                tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1), truth), tf.float32)),
+                tf.reduce_sum(tf.cast(tf.math.in_top_k(truth, probs, k), tf.float32)),
+                tf.cast(tf.shape(probs)[0], tf.float32),
+            ]
+        )
+
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
+    manager = tf.train.CheckpointManager(checkpoint, run.backup, max_to_keep=1)
+    resumed = manager.latest_checkpoint is not None
+    if resumed:
+        checkpoint.restore(manager.latest_checkpoint)
+    history: dict[str, list[float]] = {}
+    history_file = run.join("history.json.partial")
+    if resumed and storage.exists(history_file):
+        history = json.loads(storage.read_bytes(history_file))
+    seconds: list[float] = []
+    scores = history.get(monitor, [])
+    best = max(scores) if scores else None  # a resumed run keeps its best so far
+    waited = len(scores) - 1 - scores.index(best) if scores else 0
+    writer = tf.summary.create_file_writer(run.logs)  # TensorBoard
+    iterator = iter(train_ds)
+    for _ in range(int(epoch.numpy()), config.epochs):
+        started = time.perf_counter()
+        totals = np.zeros(3)
+        for _ in range(steps):
+            totals += train_step(iterator).numpy()
+        seen = steps * global_batch
+        results = {
+            "loss": totals[0] / steps,
+            "accuracy": totals[1] / seen,
+            "top5": totals[2] / seen,
+        }
+        if val_ds is not None:
+            sums = np.zeros(4)
+            for images, labels in val_ds:
+                sums += val_step(images, labels).numpy()
+            results.update(
+                val_loss=sums[0] / sums[3],
+                val_accuracy=sums[1] / sums[3],
+                val_top5=sums[2] / sums[3],
+            )
+        with writer.as_default():
+            for name, value in results.items():
+                history.setdefault(name, []).append(float(value))
+                tf.summary.scalar(name, value, step=epoch)
+        epoch.assign_add(1)
+        model.save(run.checkpoint("last"))
+        if best is None or results[monitor] > best:
+            best, waited = results[monitor], 0
+            model.save(run.checkpoint("best"))
+        else:
+            waited += 1
+        manager.save()
+        storage.write_atomic(history_file, json.dumps(history).encode())
+        seconds.append(time.perf_counter() - started)
+        log.info("epoch %d: %s", int(epoch.numpy()), {k: round(v, 4) for k, v in results.items()})
+        if config.early_stopping and waited >= config.early_stopping:
+            break
+    storage.rmtree(run.backup)
+    storage.remove(history_file)
+    names = list(history)
+    rows = ["epoch," + ",".join(names)] + [
+        f"{e}," + ",".join(str(history[n][e]) for n in names) for e in range(len(history[names[0]]))
+    ]
+    storage.write_atomic(run.join("history.csv"), ("\n".join(rows) + "\n").encode())
+    return history, seconds

@@ -1,0 +1,270 @@
+"""The model registry: a Keras image classifier by name, ready for uint8 images.
+
+Every model built here takes the batches the input pipeline ships, **uint8
+pixels** of shape ``(batch, height, width, channels)``, and does its own
+casting and rescaling as its first layers, so the pipeline never converts to
+float (four times fewer bytes through the host-to-device link) and a saved
+model classifies raw pixels with nothing else to remember.
+
+Names: chute's own CNNs (:mod:`chute.fit.cnns`: ``"kannada-cnn"``,
+``"cifar-cnn"``, ``"resnet-small"``), and ``"MobileNetV2"``,
+``"EfficientNetB0"``, ``"ResNet50"`` or any other ``keras.applications``
+model function by its Keras name (:mod:`chute.fit.backbones`). Case and
+``_``/``-`` do not matter when the match is unique.
+
+Weights are never downloaded: ``weights`` is ``None`` (random initialisation)
+or the path of a local file. Every model uses built-in layers and ops only, so
+``keras.models.load_model(path, safe_mode=True)`` reloads it without chute.
+The softmax output layer is float32 whatever the mixed-precision policy.
+
+Example:
+    >>> model = build_model("kannada-cnn", input_shape=(75, 75, 1), num_classes=657)
+    >>> model.output.shape
+    (None, 657)
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from chute import checks
+from chute.errors import ChuteError
+from chute.fit import backbones, cnns
+from chute.fit.backbones import BACKBONE_LAYER
+from chute.format import storage
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BACKBONE_LAYER", "MODEL_NAMES", "available_models", "build_model", "check_model"]
+
+MODEL_NAMES: tuple[str, ...] = (
+    "kannada-cnn",
+    "cifar-cnn",
+    "resnet-small",
+    "MobileNetV2",
+    "EfficientNetB0",
+    "ResNet50",
+)
+"""The registry names; any other ``keras.applications`` model name works too."""
+
+_WEIGHTS_SUFFIXES = (".weights.h5", ".keras", ".h5")
+
+
+def available_models() -> list[str]:
+    """The registry names, without importing TensorFlow.
+
+    Any other ``keras.applications`` model function name (``"DenseNet121"``,
+    ``"ConvNeXtTiny"``, ...) is accepted by :func:`build_model` as well.
+
+    Example:
+        >>> available_models()[:3]
+        ['kannada-cnn', 'cifar-cnn', 'resnet-small']
+    """
+    return list(MODEL_NAMES)
+
+
+def build_model(
+    name: str,
+    *,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    weights: str | os.PathLike[str] | None = None,
+    dropout: float = 0.2,
+) -> Any:
+    """Builds the classifier ``name`` for uint8 images of ``input_shape``.
+
+    The model is built under the current Keras dtype policy (call it inside a
+    ``tf.distribute`` strategy's scope to place its variables there); its
+    softmax output is float32 even under ``mixed_bfloat16`` or
+    ``mixed_float16``. Every argument is checked before anything is built.
+
+    Args:
+        name: a registry name (see :data:`MODEL_NAMES`) or any
+            ``keras.applications`` model function name; case and ``_``/``-``
+            do not matter when the match is unique.
+        input_shape: ``(height, width, channels)`` of the images, channels 1
+            (grayscale) or 3 (RGB).
+        num_classes: number of classes, at least 2.
+        weights: ``None`` for random initialisation, or the path of a local
+            ``.weights.h5`` / ``.keras`` file (or a legacy ``.h5`` file, e.g.
+            the ``..._no_top.h5`` ImageNet weights of a backbone fetched ahead
+            of time). It is loaded into the whole model if it fits, else into
+            the ``keras.applications`` backbone. Nothing is ever downloaded.
+        dropout: dropout rate in ``[0, 1)`` of the model's Dropout layers.
+
+    Returns:
+        An uncompiled ``keras.Model`` from uint8 ``(batch, *input_shape)`` to
+        float32 class probabilities ``(batch, num_classes)``.
+
+    Raises:
+        ChuteError: unknown ``name``; ``input_shape`` not three positive
+            integers with 1 or 3 channels, or smaller than the model allows;
+            ``num_classes`` below 2; ``dropout`` outside ``[0, 1)``;
+            ``weights`` missing, of an unknown kind, or not fitting the model.
+
+    Example:
+        >>> model = build_model("MobileNetV2", input_shape=(32, 32, 1), num_classes=5)
+        >>> model.input.dtype, model.output.dtype
+        ('uint8', 'float32')
+    """
+    resolved = resolve_model(name)
+    shape = _check_input_shape(input_shape)
+    num_classes = checks.int_in("num_classes", num_classes, 2, what="an integer of at least 2")
+    dropout = checks.number_in("dropout", dropout, 0.0, 1.0, high_open=True)
+    weights_path = _check_weights(weights)
+
+    if resolved in cnns.CNNS:
+        if min(shape[:2]) < cnns.MIN_SIZE:
+            raise checks.bad_value(
+                "input_shape",
+                input_shape,
+                f"at least {cnns.MIN_SIZE}x{cnns.MIN_SIZE} pixels for model {name!r}",
+            )
+        model, backbone = cnns.CNNS[resolved](shape, num_classes, dropout), None
+    else:
+        model, backbone = backbones.application_model(
+            resolved, shape, num_classes, dropout, input_shape
+        )
+    if weights_path is not None:
+        _load_weights(model, backbone, weights_path, name)
+    log.info(
+        "Built model %r (%s): input %s uint8, %d classes, %d parameters",
+        name,
+        model.name,
+        shape,
+        num_classes,
+        model.count_params(),
+    )
+    return model
+
+
+def check_model(name: str, weights: str | os.PathLike[str] | None = None) -> None:
+    """Checks a model name and weights file before any work, as :func:`build_model` does.
+
+    Example:
+        >>> check_model("Kannada_CNN")
+    """
+    resolve_model(name)
+    _check_weights(weights)
+
+
+def resolve_model(name: Any) -> str:
+    """The registry name or ``keras.applications`` function that ``name`` means.
+
+    An exact name wins; otherwise names are compared without case and with
+    ``_`` read as ``-``, and the match must be unique.
+
+    Raises:
+        ChuteError: no model (or several) go by that name; close names are suggested.
+
+    Example:
+        >>> resolve_model("Kannada_CNN")
+        'kannada-cnn'
+    """
+    if not isinstance(name, str) or not name:
+        raise checks.bad_value("name", name, "a model name: one of " + _names_text())
+    if name in cnns.CNNS:
+        return name
+    if _fold(name) in cnns.CNNS:
+        return _fold(name)
+    if backbones.is_model_function(name):
+        return name
+    applications = backbones.application_names()
+    folded = [a for a in applications if _fold(a) == _fold(name)]
+    if len(folded) == 1:
+        log.debug("Model name %r read as keras.applications.%s", name, folded[0])
+        return folded[0]
+    message = f"`name` must be one of {_names_text()}. Received: name={name!r}"
+    known = dict.fromkeys([*MODEL_NAMES, *applications])
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    if close:
+        message += ". Did you mean " + " or ".join(repr(c) for c in close) + "?"
+    raise ChuteError(message)
+
+
+def _names_text() -> str:
+    names = ", ".join(repr(n) for n in MODEL_NAMES)
+    return "{" + names + "} or another keras.applications model name (e.g. 'DenseNet121')"
+
+
+def _fold(name: str) -> str:
+    """The form names are compared in when the exact name is not found."""
+    return name.lower().replace("_", "-")
+
+
+def _check_input_shape(value: Any) -> tuple[int, int, int]:
+    allowed = "(height, width, channels): three positive integers, channels 1 or 3"
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 3:
+        raise checks.bad_value("input_shape", value, allowed)
+    if not all(checks.is_int(v) for v in value):
+        raise checks.bad_value("input_shape", value, allowed)
+    height, width, channels = (int(v) for v in value)
+    if height < 1 or width < 1 or channels not in (1, 3):
+        raise checks.bad_value("input_shape", value, allowed)
+    return height, width, channels
+
+
+def _check_weights(weights: Any) -> str | None:
+    if weights is None:
+        return None
+    if not isinstance(weights, str | os.PathLike):
+        raise checks.bad_value("weights", weights, "None or the path of a local weights file")
+    path = os.fspath(weights)
+    if path.lower() == "imagenet":
+        raise ChuteError(
+            "`weights` must be None or the path of a local weights file: chute never "
+            "downloads weights at run time. Fetch the backbone's ImageNet '..._no_top.h5' "
+            f"file ahead of time and pass its path. Received: weights={path!r}"
+        )
+    if not storage.exists(path):
+        raise ChuteError(
+            f"`weights` must name an existing local weights file; nothing is downloaded at "
+            f"run time. Received: weights={path!r}, which does not exist"
+        )
+    if not path.lower().endswith(_WEIGHTS_SUFFIXES):
+        raise checks.bad_value(
+            "weights", path, "a .weights.h5, .keras or .h5 file (what Keras saves weights as)"
+        )
+    return path
+
+
+def _load_weights(model: Any, backbone: Any, path: str, name: str) -> None:
+    """Loads ``path`` into the whole model, else into the backbone, else a ChuteError.
+
+    Keras raises on any variable it cannot fill, so a load that returns filled
+    every variable of its target; the warnings of a failed attempt (one per
+    unmatched layer) are dropped in favour of one clear error.
+    """
+    targets = [("the whole model", model)]
+    if backbone is not None:
+        targets.append(("the backbone", backbone))
+    failures = []
+    for what, target in targets:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                target.load_weights(path)
+            except Exception as error:  # Keras and h5py raise ValueError, KeyError, OSError...
+                failures.append(f"{what} ({_summary(error)})")
+                continue
+        for warning in caught:
+            log.warning("Loading %s: %s", path, warning.message)
+        log.info("Loaded weights from %s into %s of %r", path, what, name)
+        return
+    raise ChuteError(
+        f"`weights` must be a weights file that fits model {name!r} (saved from the same "
+        f"model, input channels and num_classes). Received: weights={path!r}, which does "
+        "not fit " + ", nor ".join(failures)
+    )
+
+
+def _summary(error: BaseException) -> str:
+    """The gist of a Keras loading error: its first two lines, without tensor dumps."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = " ".join(lines[:2]) or type(error).__name__
+    return text.split(" Target variable:")[0][:400]

@@ -1,0 +1,282 @@
+"""Classify image files with a model bundle, on the CPU.
+
+The "train on a TPU, recognise on a CPU" case: whatever the model was trained
+on, prediction runs on the CPU. Each image goes through the same steps
+``chute convert`` applied to the training images
+(:func:`chute.ingest.decode.load_pixels` with the bundle's image spec: EXIF
+orientation, channels, resize mode and interpolation) and reaches the model as uint8 pixels, as
+training batches did. A file that cannot be read is reported, not fatal.
+
+Example:
+    >>> result = predict("runs/kn", ["new/", "more/*.png"], top_k=3)  # doctest: +SKIP
+    >>> result.predictions[0].top  # doctest: +SKIP
+    [('ka', 0.91), ('kha', 0.05), ('ga', 0.01)]
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from chute import checks
+from chute.errors import ChuteError
+from chute.format import storage
+from chute.format.bundle import Bundle, load_bundle
+from chute.ingest import sources
+from chute.ingest.decode import Rejected, load_pixels
+from chute.lazy import tf
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOP_K = 5
+_PATTERN_CHARS = frozenset("*?[")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The top classes of one image, most probable first.
+
+    Example:
+        >>> Prediction("x.png", [("ka", 0.9), ("ga", 0.1)]).class_name
+        'ka'
+    """
+
+    path: str
+    top: list[tuple[str, float]]
+
+    @property
+    def class_name(self) -> str:
+        """The most probable class."""
+        return self.top[0][0]
+
+    @property
+    def probability(self) -> float:
+        """The probability of the most probable class."""
+        return self.top[0][1]
+
+
+@dataclasses.dataclass
+class PredictResult:
+    """What :func:`predict` found: predictions, and files it could not use.
+
+    Example:
+        >>> result = PredictResult([Prediction("x.png", [("ka", 0.75)])], [("y.jpg", "empty")])
+        >>> print(result.to_csv(), end="")
+        path,rank,class,probability
+        x.png,1,ka,0.75
+    """
+
+    predictions: list[Prediction]
+    failures: list[tuple[str, str]]  # (path, reason)
+
+    def to_json(self) -> str:
+        """Predictions and failures as JSON (``{"predictions": [...], "failures": [...]}``)."""
+        body = {
+            "predictions": [
+                {
+                    "path": p.path,
+                    "top": [{"class": name, "probability": prob} for name, prob in p.top],
+                }
+                for p in self.predictions
+            ],
+            "failures": [{"path": path, "reason": reason} for path, reason in self.failures],
+        }
+        return json.dumps(body, indent=1, ensure_ascii=False) + "\n"
+
+    def to_csv(self) -> str:
+        """One row per image and rank: ``path,rank,class,probability`` (failures left out)."""
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(["path", "rank", "class", "probability"])
+        for p in self.predictions:
+            for rank, (name, prob) in enumerate(p.top, start=1):
+                writer.writerow([p.path, rank, name, repr(prob)])
+        return buffer.getvalue()
+
+
+def predict(
+    model_path: str | os.PathLike | Bundle,
+    images: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    top_k: int | None = None,
+    batch_size: int = 32,
+) -> PredictResult:
+    """Classifies image files with a model bundle, on the CPU.
+
+    Args:
+        model_path: a bundle folder, its ``chute.json``, a training run folder
+            holding ``bundle/``, or an already loaded :class:`~chute.format.bundle.Bundle`.
+        images: files, folders (every image file inside, recursively, sorted,
+            hidden entries skipped) and glob patterns. A file named
+            explicitly is tried whatever its extension.
+        top_k: how many classes to report per image, 1 to the number of
+            classes; ``None`` means 5, or every class when there are fewer.
+        batch_size: images per model call.
+
+    Returns:
+        A :class:`PredictResult`: one :class:`Prediction` per readable image,
+        in input order, and ``(path, reason)`` for every input that gave none.
+
+    Raises:
+        ChuteError: a bad argument, no bundle at ``model_path``, or no image
+            file found at all.
+
+    Example:
+        >>> result = predict("runs/kn/bundle", "test.png", top_k=1)  # doctest: +SKIP
+        >>> result.predictions[0].class_name  # doctest: +SKIP
+        'ka'
+    """
+    if top_k is not None and not checks.is_int(top_k):
+        raise checks.bad_value("top_k", top_k, "a positive integer")
+    checks.positive_int("batch_size", batch_size)
+    entries = _entries(images)
+    bundle = load_bundle(model_path)
+    if top_k is None:
+        top_k = min(DEFAULT_TOP_K, bundle.num_classes)
+    if not 1 <= top_k <= bundle.num_classes:
+        raise ChuteError(
+            f"`top_k` must be from 1 to the number of classes ({bundle.num_classes}). "
+            f"Received: top_k={top_k!r}"
+        )
+    files, failures = _expand(entries)
+    if not files:
+        missing = "; ".join(f"{path}: {reason}" for path, reason in failures)
+        raise ChuteError(
+            f"`images` must name image files, folders holding images or glob patterns "
+            f"matching some; none was found ({missing}). Received: images={entries!r}"
+        )
+
+    # Images are decoded one batch at a time: memory holds a batch, not the input.
+    paths: list[str] = []
+    outputs = []
+    size = min(batch_size, len(files))
+    # The CPU, whatever the model was trained on: a bundle from a TPU or GPU
+    # run must classify images on a machine that has neither.
+    with tf.device("/cpu:0"):
+        for start in range(0, len(files), size):
+            pixels = []
+            for path in files[start : start + size]:
+                try:
+                    pixels.append(prepare_image(path, bundle))
+                    paths.append(path)
+                except Rejected as reason:
+                    failures.append((path, str(reason)))
+            if not pixels:
+                continue
+            chunk = np.stack(pixels)
+            if len(chunk) < size:  # one batch shape: the predict function is traced once
+                padding = np.zeros((size - len(chunk), *chunk.shape[1:]), np.uint8)
+                chunk = np.concatenate([chunk, padding])
+            out = np.asarray(bundle.model.predict_on_batch(chunk), np.float64)
+            outputs.append(out[: len(pixels)])
+    if not outputs:
+        log.warning("none of the %d files found could be read as an image", len(files))
+        return PredictResult([], _in_order(failures, entries, files))
+    probs = np.concatenate(outputs)
+    if probs.ndim != 2 or probs.shape[1] != bundle.num_classes:
+        raise ChuteError(
+            f"The model at {bundle.location!r} outputs shape {probs.shape[1:]}, but its "
+            f"bundle names {bundle.num_classes} classes"
+        )
+    if (probs < -1e-6).any() or (probs > 1 + 1e-6).any():
+        log.info("the model outputs logits, not probabilities: applying softmax")
+        probs = np.exp(probs - probs.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+    predictions = []
+    for path, row in zip(paths, probs, strict=True):
+        order = np.argsort(-row, kind="stable")[:top_k]
+        top = [(bundle.class_names[i], float(row[i])) for i in order]
+        predictions.append(Prediction(path, top))
+    log.info("classified %d images, %d failures", len(predictions), len(failures))
+    return PredictResult(predictions, _in_order(failures, entries, files))
+
+
+def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
+    """An image as the model's training data looked: ``(height, width, channels)`` uint8.
+
+    The same steps as ``chute convert`` (:func:`chute.ingest.decode.load_pixels`)
+    with the bundle's image spec: size, channels, resize mode and interpolation.
+
+    Args:
+        source: a path (local or TF filesystem), the file's bytes, or a Pillow image.
+        bundle: gives the size, channels, resize mode and interpolation.
+
+    Raises:
+        chute.ingest.decode.Rejected: the file cannot be read or decoded (the message says why).
+
+    Example:
+        >>> prepare_image("photo.jpg", load_bundle("runs/kn")).shape  # doctest: +SKIP
+        (75, 75, 1)
+    """
+    if not isinstance(source, bytes) and isinstance(source, str | os.PathLike):
+        source = os.fspath(source)
+    pixels, _ = load_pixels(source, bundle.image)
+    return pixels.reshape(*pixels.shape[:2], bundle.image.channels)
+
+
+def _entries(images: Any) -> list[str]:
+    if isinstance(images, str | os.PathLike):
+        images = [images]
+    try:
+        entries = [os.fspath(e) for e in images]
+    except TypeError:
+        raise ChuteError(
+            "`images` must be a path or a list of files, folders and glob patterns. "
+            f"Received: images={images!r}"
+        ) from None
+    if not entries:
+        raise ChuteError(
+            "`images` must name at least one file, folder or glob pattern. Received: images=[]"
+        )
+    return entries
+
+
+def _expand(entries: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Files to classify (first occurrence kept) and entries that named none."""
+    found: dict[str, None] = {}
+    failures = []
+    for entry in entries:
+        if storage.isdir(entry):
+            files = _walk(entry)
+            if not files:
+                failures.append((entry, _no_images(entry)))
+        elif storage.exists(entry):
+            files = [entry]
+        elif _PATTERN_CHARS & set(entry):
+            files = []
+            for match in storage.glob(entry):
+                files.extend(_walk(match) if storage.isdir(match) else [match])
+            if not files:
+                failures.append((entry, "no image file matches this pattern"))
+        else:
+            files = []
+            failures.append((entry, "no such file or folder"))
+        found.update(dict.fromkeys(files))
+    return list(found), failures
+
+
+def _no_images(folder: str) -> str:
+    return f"no image files ({', '.join(sorted(sources.IMAGE_EXTENSIONS))}) in this folder"
+
+
+def _walk(folder: str) -> list[str]:
+    """Image files under ``folder``, recursively, sorted; hidden entries skipped
+    and symlink loops broken, as ``chute convert`` lists a class folder."""
+    return [storage.join(folder, rel) for rel in sources.image_files(folder)]
+
+
+def _in_order(
+    failures: list[tuple[str, str]], entries: list[str], files: list[str]
+) -> list[tuple[str, str]]:
+    """Failures in input order: unmatched entries first as given, then files as found."""
+    rank = {path: i for i, path in enumerate(entries)}
+    rank.update({path: len(entries) + i for i, path in enumerate(files)})
+    return sorted(failures, key=lambda f: rank.get(f[0], len(rank)))

@@ -1,0 +1,245 @@
+"""Which accelerator is here, and the ``tf.distribute`` strategy, precision and batch for it.
+
+Detection order for ``kind="auto"``: a TPU found through
+``TPUClusterResolver`` (``--tpu ADDRESS``, ``TPU_NAME``, Colab's
+``COLAB_TPU_ADDR``, or a TPU VM / Kaggle TPU that the resolver finds by
+itself) is connected, initialised and used through ``TPUStrategy``; else
+``TF_CONFIG`` naming several workers gives ``MultiWorkerMirroredStrategy``;
+else several GPUs give ``MirroredStrategy`` and one GPU ``OneDeviceStrategy``;
+else the CPU. Detection (:func:`detect`) is separate from building the
+strategy (:func:`make_strategy`), so its logic is tested with the resolver
+and device lists faked.
+
+Example:
+    >>> strategy = auto_strategy()  # doctest: +SKIP
+    >>> global_batch_size(128, strategy)  # doctest: +SKIP
+    1024
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from chute import checks
+from chute.errors import ChuteError
+from chute.lazy import tf
+
+log = logging.getLogger(__name__)
+
+KINDS = ("auto", "tpu", "gpu", "cpu", "multiworker")
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+# Steps per tf.function call: TPUs pay a host round trip per call, so run many.
+# MirroredStrategy stays at 1: with Keras 3.15 / TF 2.21 any larger value fails
+# ("You must feed a value for placeholder tensor ..." in multi_step_on_iterator).
+STEPS_PER_EXECUTION = {"tpu": 64, "multi-gpu": 1, "gpu": 8, "multiworker": 1, "cpu": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What :func:`detect` found: the strategy to build, and with what.
+
+    ``kind`` is ``"tpu"``, ``"multiworker"``, ``"multi-gpu"``, ``"gpu"`` or ``"cpu"``.
+    """
+
+    kind: str
+    tpu: Any = None  # the TPUClusterResolver, for kind == "tpu"
+    gpus: int = 0
+    workers: int = 1
+
+
+def _workers(environ: Mapping[str, str]) -> int:
+    raw = environ.get("TF_CONFIG")
+    if not raw:
+        return 1
+    try:
+        cluster = json.loads(raw).get("cluster", {})
+    except (ValueError, AttributeError):
+        raise ChuteError(f"TF_CONFIG is not valid JSON. Received: TF_CONFIG={raw[:80]!r}") from None
+    return sum(len(cluster.get(role, [])) for role in ("chief", "worker"))
+
+
+def count_workers(environ: Mapping[str, str] | None = None) -> int:
+    """Workers (the chief included) that ``TF_CONFIG`` names; 1 without a cluster."""
+    return _workers(os.environ if environ is None else environ)
+
+
+def worker_index(environ: Mapping[str, str] | None = None) -> int:
+    """This process's place among the workers of ``TF_CONFIG`` (0: the chief, or no cluster).
+
+    Example:
+        >>> worker_index({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:2"]}, '
+        ...               '"task": {"type": "worker", "index": 1}}'})
+        1
+    """
+    environ = os.environ if environ is None else environ
+    raw = environ.get("TF_CONFIG")
+    if not raw:
+        return 0
+    try:
+        config = json.loads(raw)
+        task, cluster = config.get("task", {}), config.get("cluster", {})
+        index = int(task.get("index", 0))
+    except (ValueError, AttributeError, TypeError):
+        raise ChuteError(f"TF_CONFIG is not valid JSON. Received: TF_CONFIG={raw[:80]!r}") from None
+    if task.get("type") == "worker" and "chief" in cluster:
+        return index + 1
+    return index if task.get("type") in ("worker", None) else 0
+
+
+def _find_tpu(address: str | None, environ: Mapping[str, str], resolve_tpu: Callable) -> Any:
+    address = address or environ.get("TPU_NAME") or environ.get("COLAB_TPU_ADDR")
+    if address and "://" not in address and environ.get("COLAB_TPU_ADDR") == address:
+        address = f"grpc://{address}"
+    try:
+        return resolve_tpu(address)
+    except (ValueError, KeyError, RuntimeError, OSError) as error:
+        log.debug("no TPU found (%s)", error)
+        return None
+
+
+def _default_resolver(address: str | None) -> Any:
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+    if not resolver.cluster_spec().as_dict() and not address:
+        raise ValueError("no TPU cluster")
+    return resolver
+
+
+def _default_gpus() -> int:
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def detect(
+    kind: str = "auto",
+    *,
+    tpu: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    list_gpus: Callable[[], int] = _default_gpus,
+    resolve_tpu: Callable[[str | None], Any] = _default_resolver,
+) -> Plan:
+    """Decides which strategy to build, without building it.
+
+    Args:
+        kind: ``"auto"``, or insist on ``"tpu"``, ``"gpu"``, ``"cpu"`` or ``"multiworker"``.
+        tpu: a TPU name or ``grpc://`` address (default: from the environment).
+        environ: the environment to read (``TPU_NAME``, ``COLAB_TPU_ADDR``, ``TF_CONFIG``).
+        list_gpus: returns how many GPUs there are.
+        resolve_tpu: returns a ``TPUClusterResolver`` for an address, or raises.
+
+    Raises:
+        ChuteError: a kind was insisted on and is not here.
+    """
+    checks.one_of("strategy", kind, KINDS)
+    environ = os.environ if environ is None else environ
+    if kind in ("auto", "tpu"):
+        resolver = _find_tpu(tpu, environ, resolve_tpu)
+        if resolver is not None:
+            return Plan("tpu", tpu=resolver)
+        if kind == "tpu":
+            raise ChuteError(
+                "`strategy` is 'tpu' but no TPU was found. Received: tpu="
+                f"{tpu or environ.get('TPU_NAME')!r}; pass --tpu NAME or set TPU_NAME"
+            )
+    workers = _workers(environ)
+    if kind == "multiworker" or (kind == "auto" and workers > 1):
+        if not environ.get("TF_CONFIG") or workers < 1:
+            raise ChuteError(
+                "`strategy` is 'multiworker' but TF_CONFIG names no workers. "
+                "Set TF_CONFIG on every worker (see tf.distribute.MultiWorkerMirroredStrategy)"
+            )
+        return Plan("multiworker", workers=workers)
+    if kind == "cpu":
+        return Plan("cpu")
+    gpus = list_gpus()
+    if gpus > 1:
+        return Plan("multi-gpu", gpus=gpus)
+    if gpus == 1:
+        return Plan("gpu", gpus=1)
+    if kind == "gpu":
+        raise ChuteError("`strategy` is 'gpu' but TensorFlow sees no GPU on this machine")
+    return Plan("cpu")
+
+
+def make_strategy(plan: Plan) -> Any:
+    """Builds (for a TPU: connects and initialises) the strategy of a :class:`Plan`."""
+    if plan.kind == "tpu":
+        tf.config.experimental_connect_to_cluster(plan.tpu)
+        tf.tpu.experimental.initialize_tpu_system(plan.tpu)
+        return tf.distribute.TPUStrategy(plan.tpu)
+    if plan.kind == "multiworker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if plan.kind == "multi-gpu":
+        return tf.distribute.MirroredStrategy()
+    if plan.kind == "gpu":
+        return tf.distribute.OneDeviceStrategy("/gpu:0")
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def auto_strategy(kind: str = "auto", *, tpu: str | None = None) -> Any:
+    """The best ``tf.distribute`` strategy for this machine (see the module docstring).
+
+    What was found (kind, replicas, devices) is logged; ``strategy.chute_kind``
+    says which kind it is.
+
+    Example:
+        >>> strategy = auto_strategy("cpu")  # doctest: +SKIP
+    """
+    plan = detect(kind, tpu=tpu)
+    strategy = make_strategy(plan)
+    strategy.chute_kind = plan.kind
+    info = describe(strategy)
+    log.info(
+        "strategy: %s, %d replica(s) on %s", plan.kind, info["replicas"], ", ".join(info["devices"])
+    )
+    return strategy
+
+
+def describe(strategy: Any) -> dict:
+    """Kind, number of replicas and devices of a strategy."""
+    extended = getattr(strategy, "extended", None)
+    devices = list(getattr(extended, "worker_devices", ()) or ())
+    return {
+        "kind": getattr(strategy, "chute_kind", type(strategy).__name__),
+        "replicas": strategy.num_replicas_in_sync,
+        "devices": [str(d) for d in devices],
+    }
+
+
+def precision_policy(kind: str, requested: str = "auto", *, gpu_mixed_float16: bool = True) -> str:
+    """The Keras mixed-precision policy for a strategy kind.
+
+    ``auto``: ``mixed_bfloat16`` on TPU, ``mixed_float16`` on GPUs that support
+    it (compute capability 7.0 or newer), ``float32`` elsewhere (the CPU,
+    unless asked).
+
+    Example:
+        >>> precision_policy("tpu"), precision_policy("cpu")
+        ('mixed_bfloat16', 'float32')
+    """
+    checks.one_of("precision", requested, PRECISIONS)
+    if requested != "auto":
+        return requested
+    if kind == "tpu":
+        return "mixed_bfloat16"
+    if kind in ("gpu", "multi-gpu") and gpu_mixed_float16:
+        return "mixed_float16"
+    return "float32"
+
+
+def gpu_supports_mixed_float16() -> bool:
+    """True when every visible GPU has compute capability 7.0 or newer."""
+    gpus = tf.config.list_physical_devices("GPU")
+    capabilities = [
+        tf.config.experimental.get_device_details(g).get("compute_capability") for g in gpus
+    ]
+    return bool(capabilities) and all(c is not None and c >= (7, 0) for c in capabilities)
+
+
+def global_batch_size(per_replica: int, strategy: Any) -> int:
+    """Per-replica batch × replicas in sync: what one training step consumes."""
+    checks.positive_int("batch_size", per_replica, "a positive integer (per replica)")
+    return per_replica * strategy.num_replicas_in_sync

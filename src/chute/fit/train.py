@@ -1,0 +1,347 @@
+"""``chute train``: a Keras model trained on converted shards, under any strategy.
+
+:func:`train` reads as the steps of a run: check the options and the data,
+claim the run directory, pick the strategy and precision, stream the data with
+``chute.load``, build and compile the model inside the strategy's scope, fit
+(Keras's ``fit``, or chute's loop under ``MultiWorkerMirroredStrategy``), save
+the best model as a bundle, and write the reports.
+
+Example:
+    >>> result = train("./kn-shards", "./runs/kn", model="kannada-cnn", epochs=5)  # doctest: +SKIP
+    >>> result.best_val_accuracy  # doctest: +SKIP
+    0.97
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from chute.errors import ChuteError
+from chute.fit import models, rundir
+from chute.fit import strategy as strategy_lib
+from chute.fit.config import TrainConfig
+from chute.fit.objective import categorical, make_loss, make_metrics, make_optimizer
+from chute.format import manifest as manifest_lib
+from chute.format import storage
+from chute.format.bundle import Bundle, load_model, save_bundle
+from chute.lazy import keras
+from chute.read.load import load
+from chute.read.plan import pipeline_sizes
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a run produced and how fast it went."""
+
+    run_dir: str
+    bundle: str
+    best_val_accuracy: float | None
+    final: dict[str, float]
+    epochs_run: int
+    seconds_per_epoch: float
+    images_per_second: float
+    replicas: int
+    global_batch_size: int
+    strategy: str
+    precision: str
+    resumed: bool = False
+
+
+@dataclasses.dataclass
+class _Inputs:
+    """The datasets of a run and what they imply."""
+
+    train: Any
+    val: Any | None
+    steps: int  # training steps per epoch
+    global_batch: int
+    monitor: str  # what "best" means: val_accuracy, or accuracy without a val split
+
+
+def train(
+    data: str | os.PathLike | manifest_lib.Manifest,
+    run_dir: str | os.PathLike,
+    *,
+    config: TrainConfig | None = None,
+    overwrite: bool = False,
+    verbose: int | str = "auto",
+    **options: Any,
+) -> TrainResult:
+    """Trains a model on a converted dataset; writes everything into ``run_dir``.
+
+    Args:
+        data: a directory written by ``chute convert`` (local, ``gs://``, ...),
+            or its ``Manifest``.
+        run_dir: where the bundle, checkpoints, logs and reports go. Running the
+            same command again after an interruption resumes the run.
+        config: a :class:`TrainConfig`; or pass its fields as keywords.
+        overwrite: start over in a ``run_dir`` holding a finished run.
+        verbose: Keras's progress output.
+
+    Returns:
+        A :class:`TrainResult`.
+
+    Raises:
+        ChuteError: bad options, data without a train split, or a finished run
+            in ``run_dir`` (without ``overwrite``).
+    """
+    if config is not None and options:
+        raise ChuteError("Pass either `config` or option keywords, not both")
+    config = config or TrainConfig.from_dict(options)
+    models.check_model(config.model, config.weights)  # before anything heavy
+    manifest = _training_data(data)
+    run = rundir.prepare(run_dir, overwrite=overwrite, worker_index=strategy_lib.worker_index())
+    strategy = strategy_lib.auto_strategy(config.strategy, tpu=config.tpu)
+    precision = _precision(config, strategy)
+    with _global_policy(precision):
+        keras.utils.set_random_seed(config.seed)
+        inputs = _inputs(manifest, config, strategy)
+        model = _compiled_model(config, manifest, strategy, inputs.steps)
+        history, seconds = _fit(model, strategy, inputs, config, manifest, run, verbose)
+        bundle = _save_best(model, manifest, run, config, precision, strategy)
+    result = _result(run, bundle, inputs, history, seconds, strategy, precision)
+    _write_reports(run, result, config, history, manifest)
+    if inputs.val is not None:
+        from chute.fit.evaluate import evaluate
+
+        evaluate(bundle, manifest, split="val", out_dir=run.path)
+    return result
+
+
+def _training_data(data: Any) -> manifest_lib.Manifest:
+    manifest = manifest_lib.load(data)
+    if manifest.num_examples("train") == 0:
+        raise ChuteError(f"{manifest.location} has no train split to train on")
+    return manifest
+
+
+def _precision(config: TrainConfig, strategy: Any) -> str:
+    kind = strategy.chute_kind
+    gpu_fp16 = kind in ("gpu", "multi-gpu") and strategy_lib.gpu_supports_mixed_float16()
+    return strategy_lib.precision_policy(kind, config.precision, gpu_mixed_float16=gpu_fp16)
+
+
+@contextlib.contextmanager
+def _global_policy(precision: str) -> Iterator[None]:
+    """Keras's global mixed-precision policy for the run; the caller's afterwards."""
+    previous = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any) -> _Inputs:
+    """The training and validation datasets, and the steps of an epoch.
+
+    Under ``MultiWorkerMirroredStrategy`` each worker reads its own part at the
+    per-replica batch and every worker runs the smallest worker's steps;
+    otherwise one pipeline yields the whole global batch, which Keras splits
+    across the replicas.
+    """
+    global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
+    log.info(
+        "global batch %d = %d per replica x %d replica(s)",
+        global_batch,
+        config.batch_size,
+        strategy.num_replicas_in_sync,
+    )
+    label_mode = "categorical" if categorical(config) else "int"
+    common = {"label_mode": label_mode, "augment": list(config.augment), "seed": config.seed}
+    if strategy.chute_kind == "multiworker":
+        workers = strategy_lib.count_workers()
+        per_worker = global_batch // workers
+        steps = min(pipeline_sizes(manifest, "train", workers)) // per_worker
+        train_ds = load(
+            manifest,
+            "train",
+            batch_size=config.batch_size,
+            strategy=strategy,
+            repeat=True,
+            **common,
+        )
+    else:
+        train_ds = load(manifest, "train", batch_size=global_batch, **common)
+        steps = len(train_ds)
+    if steps == 0:
+        raise ChuteError(
+            f"The train split ({manifest.num_examples('train')} images) is smaller than one "
+            f"global batch ({global_batch}); lower `batch_size`"
+        )
+    has_val = manifest.num_examples("val") > 0
+    val_ds = None
+    if has_val:
+        val_ds = load(
+            manifest, "val", batch_size=global_batch, label_mode=label_mode, training=False
+        )
+    monitor = "val_accuracy" if has_val else "accuracy"
+    return _Inputs(train_ds, val_ds, steps, global_batch, monitor)
+
+
+def _compiled_model(
+    config: TrainConfig, manifest: manifest_lib.Manifest, strategy: Any, steps: int
+) -> Any:
+    """The model, built and compiled inside the strategy's scope."""
+    with strategy.scope():
+        model = models.build_model(
+            config.model,
+            input_shape=manifest.image.shape,
+            num_classes=manifest.num_classes,
+            weights=config.weights,
+        )
+        if strategy.num_replicas_in_sync > 1:
+            # Batch statistics over the global batch, as on one device; every
+            # replica (and worker) then also keeps the same moving statistics.
+            for layer in _all_layers(model):
+                if isinstance(layer, keras.layers.BatchNormalization):
+                    layer.synchronized = True
+        model.compile(
+            optimizer=make_optimizer(config, steps),
+            loss=make_loss(config),
+            metrics=make_metrics(config, manifest.num_classes),
+            steps_per_execution=config.steps_per_execution
+            or strategy_lib.STEPS_PER_EXECUTION.get(strategy.chute_kind, 1),
+        )
+    return model
+
+
+def _fit(model, strategy, inputs: _Inputs, config, manifest, run, verbose):
+    """Trains; returns the history and the seconds of each epoch."""
+    storage.makedirs(run.join("checkpoints"))
+    class_weight = None
+    if config.class_weights == "balanced":
+        counts = np.maximum(1, np.asarray(manifest.splits["train"]["class_counts"], float))
+        class_weight = dict(enumerate(counts.sum() / (manifest.num_classes * counts)))
+    if strategy.chute_kind == "multiworker":
+        from chute.fit.loop import fit_multiworker
+
+        return fit_multiworker(
+            model,
+            strategy,
+            inputs.train,
+            inputs.val,
+            steps=inputs.steps,
+            config=config,
+            class_weight=class_weight,
+            run=run,
+            monitor=inputs.monitor,
+        )
+    timer = _EpochTimer()
+    callbacks = [
+        keras.callbacks.BackupAndRestore(run.backup),
+        keras.callbacks.ModelCheckpoint(
+            run.checkpoint("best"), monitor=inputs.monitor, save_best_only=True
+        ),
+        keras.callbacks.ModelCheckpoint(run.checkpoint("last")),
+        keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
+        keras.callbacks.TensorBoard(run.logs),
+        timer,
+    ]
+    if config.early_stopping:
+        callbacks.append(
+            keras.callbacks.EarlyStopping(
+                monitor=inputs.monitor, patience=config.early_stopping, restore_best_weights=True
+            )
+        )
+    history = model.fit(
+        inputs.train,
+        validation_data=inputs.val,
+        epochs=config.epochs,
+        callbacks=callbacks,
+        class_weight=class_weight,
+        shuffle=False,  # the dataset shuffles itself (Keras would only warn)
+        verbose=verbose,
+    ).history
+    return history, timer.seconds
+
+
+def _save_best(model, manifest, run, config: TrainConfig, precision: str, strategy) -> Bundle:
+    """The best checkpoint as a model bundle (holding the model, ready for evaluation)."""
+    best = run.checkpoint("best")
+    # fit's EarlyStopping restores the best weights itself; otherwise load them.
+    if storage.exists(best) and (strategy.chute_kind == "multiworker" or not config.early_stopping):
+        model = load_model(best)
+    return save_bundle(
+        model,
+        run.bundle,
+        class_names=manifest.class_names,
+        image=manifest.image,
+        info={"data": manifest.location, "model": config.model, "precision": precision},
+    )
+
+
+def _result(run, bundle, inputs: _Inputs, history, seconds, strategy, precision) -> TrainResult:
+    best = max(history[inputs.monitor]) if history.get(inputs.monitor) else None
+    per_epoch = float(np.median(seconds)) if seconds else 0.0
+    return TrainResult(
+        run_dir=run.path,
+        bundle=bundle.location,
+        best_val_accuracy=float(best) if inputs.val is not None and best is not None else None,
+        final={k: float(v[-1]) for k, v in history.items() if v},
+        epochs_run=len(seconds),
+        seconds_per_epoch=per_epoch,
+        images_per_second=inputs.steps * inputs.global_batch / per_epoch if per_epoch else 0.0,
+        replicas=strategy.num_replicas_in_sync,
+        global_batch_size=inputs.global_batch,
+        strategy=strategy.chute_kind,
+        precision=precision,
+        resumed=run.resumed,
+    )
+
+
+def _write_reports(run, result: TrainResult, config: TrainConfig, history, manifest) -> None:
+    """``config.json`` (the effective config), ``history.json``, ``summary.json``, curves."""
+    from chute.tools.report import draw_curves
+
+    effective = {
+        "strategy": result.strategy,
+        "precision": result.precision,
+        "replicas": result.replicas,
+        "global_batch_size": result.global_batch_size,
+    }
+    run.write_json(
+        "config.json",
+        {"data": manifest.location, **dataclasses.asdict(config), "effective": effective},
+    )
+    run.write_json("history.json", history)
+    run.write_json("summary.json", dataclasses.asdict(result))
+    draw_curves(history, run.join("curves.png"))
+
+
+class _EpochTimer:
+    """Wall time of each epoch (training and validation), as a Keras callback."""
+
+    def __new__(cls):
+        class Timer(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.seconds: list[float] = []
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self._started = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.seconds.append(time.perf_counter() - self._started)
+
+        return Timer()
+
+
+def _all_layers(model) -> list:
+    """Every layer, including those inside nested models (keras.applications backbones)."""
+    found = []
+    for layer in model.layers:
+        found.append(layer)
+        if hasattr(layer, "layers"):
+            found += _all_layers(layer)
+    return found

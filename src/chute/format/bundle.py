@@ -1,0 +1,336 @@
+"""The model bundle: a trained model plus everything ``predict`` needs to use it.
+
+A bundle is a folder holding ``model.keras`` and ``chute.json``. The JSON file
+(format ``chute.bundle``, version 2) holds the class names in label order, the
+:class:`~chute.format.spec.ImageSpec` the model takes (size, channels, and the
+resize mode and interpolation the training images were prepared with) and
+free-form ``info`` (who trained it, how well). ``chute.json`` is written last,
+so its presence means the model file is complete. Paths may be local or on any
+TF filesystem (``gs://``, ``ram://``).
+
+Example:
+    >>> save_bundle(model, "runs/kn/bundle", class_names=names, image=spec)  # doctest: +SKIP
+    >>> load_bundle("runs/kn").class_names[:3]  # doctest: +SKIP
+    ['a', 'aa', 'i']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from chute.errors import ChuteError
+from chute.format import storage
+from chute.format.spec import ImageSpec
+from chute.lazy import keras
+
+log = logging.getLogger(__name__)
+
+FORMAT = "chute.bundle"
+VERSION = 2  # 2: one "image" spec (1: "image" size and "preprocessing" apart)
+MODEL_NAME = "model.keras"
+META_NAME = "chute.json"
+RUN_SUBDIR = "bundle"  # where a training run keeps its bundle
+
+
+@dataclasses.dataclass
+class Bundle:
+    """A loaded model bundle. The model itself is read on first use of :attr:`model`.
+
+    Attributes:
+        class_names: class names in label order (index ``i`` is label ``i``).
+        image: the input the model takes and how images are prepared for it.
+        info: free-form facts saved with the model (accuracy, run options, ...).
+        location: the bundle folder.
+
+    Example:
+        >>> bundle = load_bundle("runs/kn/bundle")  # doctest: +SKIP
+        >>> bundle.image.shape, bundle.model.output_shape  # doctest: +SKIP
+        ((75, 75, 1), (None, 657))
+    """
+
+    class_names: list[str]
+    image: ImageSpec
+    info: dict[str, Any]
+    location: str
+    compile: bool = False
+    _model: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def num_classes(self) -> int:
+        """How many classes the model tells apart."""
+        return len(self.class_names)
+
+    @property
+    def model_path(self) -> str:
+        """The path of ``model.keras``."""
+        return storage.join(self.location, MODEL_NAME)
+
+    @property
+    def model(self) -> Any:
+        """The Keras model, loaded (in Keras safe mode) on first access.
+
+        Raises:
+            ChuteError: ``model.keras`` is missing or cannot be loaded.
+        """
+        if self._model is None:
+            self._model = load_model(self.model_path, compile=self.compile)
+        return self._model
+
+    def to_json(self, **extra: Any) -> str:
+        """The ``chute.json`` text of this bundle, with ``extra`` top-level keys."""
+        return _meta_json(self.class_names, self.image, self.info, **extra)
+
+
+def save_bundle(
+    model: Any,
+    directory: str | os.PathLike,
+    *,
+    class_names: list[str],
+    image: ImageSpec,
+    info: dict[str, Any] | None = None,
+) -> Bundle:
+    """Writes ``model.keras`` and then ``chute.json`` into ``directory``.
+
+    Args:
+        model: a Keras model whose output has one unit per class.
+        directory: the bundle folder (created; local or a TF filesystem path).
+        class_names: class names in label order.
+        image: the dataset's image spec; a spec without a fixed size (images
+            kept at their own size) takes the size of the model's input.
+        info: JSON-serialisable facts to keep with the model.
+
+    Returns:
+        The saved :class:`Bundle`, holding ``model``.
+
+    Raises:
+        ChuteError: an argument is invalid or does not match the model.
+
+    Example:
+        >>> spec = ImageSpec(height=8, width=8, channels=1)
+        >>> save_bundle(model, "ram://b", class_names=["a", "b"], image=spec)  # doctest: +SKIP
+    """
+    directory = os.fspath(directory)
+    if not isinstance(image, ImageSpec):
+        raise ChuteError(f"`image` must be an ImageSpec. Received: image={image!r}")
+    image = _size_from_model(model, image)
+    info = {} if info is None else info
+    text = _meta_json(class_names, image, info)
+    _check_model(model, len(class_names), image)
+    storage.makedirs(directory)
+    meta = storage.join(directory, META_NAME)
+    storage.remove_if_exists(meta)  # until the new chute.json lands, the folder is not a bundle
+    _save_model(model, storage.join(directory, MODEL_NAME))
+    storage.write_atomic(meta, text.encode("utf-8"))
+    log.info("saved model bundle to %s (%d classes)", directory, len(class_names))
+    return Bundle(list(class_names), image, info, directory, _model=model)
+
+
+def load_bundle(path: str | os.PathLike | Bundle, *, compile: bool = False) -> Bundle:
+    """Reads a model bundle's ``chute.json``; the model loads on first use.
+
+    Args:
+        path: the bundle folder, its ``chute.json`` or ``model.keras``, or a
+            training run folder holding ``bundle/``; a loaded :class:`Bundle`
+            is returned as it is.
+        compile: restore the training configuration (optimizer, loss,
+            metrics) too; prediction does not need it.
+
+    Raises:
+        ChuteError: there is no bundle at ``path``, or its ``chute.json`` is invalid.
+
+    Example:
+        >>> load_bundle("runs/kn").num_classes  # doctest: +SKIP
+        657
+    """
+    if isinstance(path, Bundle):
+        return path
+    directory = _find(os.fspath(path))
+    meta = storage.join(directory, META_NAME)
+    body = _parse_meta(storage.read_bytes(meta), meta)
+    if "export" in body:
+        kind = body["export"].get("format") if isinstance(body["export"], dict) else None
+        if kind != "keras":
+            raise ChuteError(
+                f"{directory!r} is a {kind} export, not a model bundle: load it with "
+                "tf.saved_model.load (or serve it with TF Serving). "
+                f"Received: path={os.fspath(path)!r}"
+            )
+    if not storage.exists(storage.join(directory, MODEL_NAME)):
+        raise ChuteError(
+            f"The bundle {directory!r} has {META_NAME} but no {MODEL_NAME}. "
+            f"Received: path={os.fspath(path)!r}"
+        )
+    return Bundle(
+        class_names=body["class_names"],
+        image=body["image"],
+        info=body["info"],
+        location=directory,
+        compile=compile,
+    )
+
+
+def _find(path: str) -> str:
+    """The bundle folder for any of the paths ``load_bundle`` accepts."""
+    allowed = (
+        f"a model bundle folder (holding {META_NAME} and {MODEL_NAME}), its {META_NAME}, "
+        f"or a training run folder holding {RUN_SUBDIR}/"
+    )
+    if not storage.exists(path):
+        raise ChuteError(f"`path` does not exist; it must be {allowed}. Received: path={path!r}")
+    if not storage.isdir(path):
+        if storage.basename(path) in (META_NAME, MODEL_NAME):
+            path = storage.dirname(path)
+        else:
+            raise ChuteError(f"`path` must be {allowed}. Received: path={path!r}")
+    for candidate in (path, storage.join(path, RUN_SUBDIR)):
+        if storage.exists(storage.join(candidate, META_NAME)):
+            return candidate
+    hint = ""
+    if storage.exists(storage.join(path, MODEL_NAME)):
+        hint = f" (it holds {MODEL_NAME} but no {META_NAME}: the save did not finish)"
+    raise ChuteError(
+        f"No {META_NAME} in {path!r} nor in its {RUN_SUBDIR}/ folder{hint}; `path` must be "
+        f"{allowed}. Received: path={path!r}"
+    )
+
+
+def _meta_json(class_names: Any, image: ImageSpec, info: Any, **extra: Any) -> str:
+    """Validates the bundle's description and returns its JSON text."""
+    if (
+        not isinstance(class_names, list | tuple)
+        or not class_names
+        or not all(isinstance(c, str) and c for c in class_names)
+    ):
+        raise ChuteError(
+            "`class_names` must be a non-empty list of non-empty strings. "
+            f"Received: class_names={class_names!r}"
+        )
+    if len(set(class_names)) != len(class_names):
+        duplicates = sorted({c for c in class_names if list(class_names).count(c) > 1})
+        raise ChuteError(f"`class_names` must be unique. Received duplicates: {duplicates!r}")
+    if not image.fixed_size:
+        raise ChuteError(f"`image` must have a height and width. Received: image={image!r}")
+    if not isinstance(info, dict):
+        raise ChuteError(f"`info` must be a dict. Received: info={info!r}")
+    body = {
+        "format": FORMAT,
+        "version": VERSION,
+        "class_names": list(class_names),
+        "image": image.to_dict(),
+        "info": info,
+        **extra,
+    }
+    try:
+        return json.dumps(body, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as error:
+        raise ChuteError(
+            f"`info` must be JSON-serialisable: {error}. Received: info={info!r}"
+        ) from None
+
+
+def _parse_meta(raw: bytes, where: str) -> dict[str, Any]:
+    """Parses and checks ``chute.json``."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except ValueError as error:
+        raise ChuteError(f"{where} is not valid JSON: {error}") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise ChuteError(f"{where} is not a chute model bundle (format {FORMAT!r} expected)")
+    version = body.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ChuteError(f"{where} has no valid version. Received: version={version!r}")
+    if version > VERSION:
+        raise ChuteError(
+            f"{where} was written by a newer chute (bundle version {version}, this chute "
+            f"reads up to {VERSION}); upgrade chute"
+        )
+    image = body.get("image")
+    if version < 2 and isinstance(image, dict):  # the preprocessing was kept apart
+        image = {**image, **(body.get("preprocessing") or {})}
+    body.setdefault("info", {})
+    try:
+        body["image"] = ImageSpec.from_dict(image)
+        _meta_json(body.get("class_names"), body["image"], body["info"])
+    except ChuteError as error:
+        raise ChuteError(f"{where} is not a valid chute model bundle: {error}") from None
+    return body
+
+
+def _size_from_model(model: Any, image: ImageSpec) -> ImageSpec:
+    """``image`` with the size of the model's input, when it has none of its own."""
+    shape = _input_shape(model)
+    if image.fixed_size or shape is None or None in shape[1:3]:
+        return image
+    return dataclasses.replace(image, height=int(shape[1]), width=int(shape[2]))
+
+
+def _input_shape(model: Any) -> tuple | None:
+    try:
+        shape = tuple(model.inputs[0].shape)
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+    return shape if len(shape) == 4 else None
+
+
+def _check_model(model: Any, num_classes: int, image: ImageSpec) -> None:
+    """Rejects a model whose input or output does not match the description."""
+    shape = _input_shape(model)
+    if shape is not None:
+        expected = image.shape
+        if any(
+            got is not None and got != want for got, want in zip(shape[1:], expected, strict=True)
+        ):
+            raise ChuteError(
+                f"`image` must match the model's input shape {shape}. Received: image={image!r}"
+            )
+    try:
+        units = model.outputs[0].shape[-1]
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return
+    if units is not None and units != num_classes:
+        raise ChuteError(
+            f"`class_names` must have one name per model output ({units}). "
+            f"Received: {num_classes} class names"
+        )
+
+
+def _save_model(model: Any, path: str) -> None:
+    """Saves under a temporary name, then renames: a reader never sees half a file."""
+    if storage.is_local(path):
+        local = storage.local_path(path)
+        partial = os.path.join(os.path.dirname(local), ".partial." + MODEL_NAME)
+        model.save(partial)
+        os.replace(partial, local)
+        return
+    with tempfile.TemporaryDirectory(prefix="chute-bundle-") as tmp:
+        local = os.path.join(tmp, MODEL_NAME)
+        model.save(local)
+        storage.copy(local, path + ".tmp")
+    storage.rename(path + ".tmp", path)
+
+
+def load_model(path: str, *, compile: bool = False) -> Any:
+    """Loads a ``.keras`` file in safe mode; a non-local file is copied to a local one."""
+    if not storage.exists(path):
+        raise ChuteError(f"The model file {path!r} does not exist")
+    tmp = None
+    try:
+        if storage.is_local(path):
+            local = storage.local_path(path)
+        else:
+            tmp = tempfile.mkdtemp(prefix="chute-bundle-")
+            local = os.path.join(tmp, MODEL_NAME)
+            storage.copy(path, local)
+        try:
+            return keras.models.load_model(local, compile=compile, safe_mode=True)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ChuteError(f"Cannot load the model {path!r}: {error}") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,411 @@
+"""``chute convert``: a source dataset to verified TFRecord shards and a manifest.
+
+The run, in one direction::
+
+    scan source -> [read headers in workers, when an option is "auto"] -> image spec
+    -> split -> plan shards -> encode + hash in workers -> LeakGuard -> ShardWriter
+    -> manifest
+
+Every shard is planned before encoding starts and is finished atomically, and
+each finished shard leaves a small note in ``OUT/.chute-work``; running the
+same command again after a crash keeps the finished shards and redoes the
+rest, with the same bytes as an uninterrupted run. The manifest is written
+last and the work folder removed after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from chute import collector
+from chute.errors import ChuteError
+from chute.format import manifest as manifest_lib
+from chute.format import storage
+from chute.format.spec import ImageSpec
+from chute.ingest import plan as plan_lib
+from chute.ingest import resume, sources
+from chute.ingest import workers as worker_pool
+from chute.ingest.decode import Probe
+from chute.ingest.options import ConvertOptions
+from chute.ingest.split import LeakGuard, split_items
+from chute.ingest.writer import ShardWriter
+
+log = logging.getLogger(__name__)
+
+PROBE_CHUNK = 256
+ENCODE_CHUNK = 64
+_SIZE_SAMPLE = 256  # headers read to estimate shard sizes when nothing else needs them
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclasses.dataclass
+class ConvertResult:
+    """What a conversion did.
+
+    Attributes:
+        manifest: the written (or existing) manifest.
+        output: the output directory.
+        already_done: the output was complete with the same options; nothing ran.
+        resumed_shards: shards kept from an interrupted earlier run.
+        seconds: wall time of this call.
+    """
+
+    manifest: manifest_lib.Manifest
+    output: str
+    already_done: bool = False
+    resumed_shards: int = 0
+    seconds: float = 0.0
+
+    @property
+    def num_written(self) -> dict[str, int]:
+        """Records per split."""
+        return {name: split["num_examples"] for name, split in self.manifest.splits.items()}
+
+    @property
+    def num_rejected(self) -> int:
+        """Inputs skipped, each listed with its reason in the manifest and rejects.csv."""
+        return len(self.manifest.rejects)
+
+
+def convert(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    options: ConvertOptions | None = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    allow_outside: bool = False,
+    progress: ProgressFn | None = None,
+    **option_values: Any,
+) -> ConvertResult:
+    """Converts an image-classification dataset into sharded TFRecords and a manifest.
+
+    Args:
+        source: a class-per-folder tree (optionally pre-split into
+            train/val/test), a ``.csv``/``.jsonl`` list of ``path,label``, a
+            ``.npz`` with ``x``/``y``, or ``keras:cifar10`` (``cifar100``,
+            ``mnist``, ``fashion_mnist``).
+        output: the directory to write (local, ``gs://``, ``ram://``, ...).
+        options: a :class:`~chute.ingest.options.ConvertOptions`; or pass its fields
+            as keywords (``image_size=75, color_mode="grayscale"``).
+        workers: worker processes (default: all cores). Output does not depend on it.
+        overwrite: replace an existing conversion made with other options.
+        allow_outside: let a list name files outside its own folder.
+        progress: called as ``progress(phase, done, total)`` while working.
+
+    Returns:
+        A :class:`ConvertResult` with the manifest.
+
+    Raises:
+        ChuteError: for a bad option, source or output (before any work starts).
+
+    Example:
+        >>> result = convert("Images_with_noise", "kn-shards", image_size=75,
+        ...                  color_mode="grayscale", val_fraction=0.01)  # doctest: +SKIP
+        >>> result.num_written  # doctest: +SKIP
+        {'train': 25844, 'val': 261}
+    """
+    started = time.perf_counter()
+    if options is not None and option_values:
+        raise ChuteError(
+            "Pass either `options` or option keywords, not both. Received: options and "
+            f"{sorted(option_values)}"
+        )
+    if options is None:
+        options = ConvertOptions.from_dict(option_values)
+    workers = worker_pool.check_workers(workers)
+    source, output = os.fspath(source), os.fspath(output).rstrip("/") or "/"
+    _check_not_inside(source, output)
+
+    # No cycles worth collecting are made here; a full collection walks every object.
+    with collector.paused():
+        done = resume.existing_state(source, output, options, overwrite)
+        if done is not None:
+            log.info("%s already holds this conversion; nothing to do", output)
+            resume.remove_work_dir(output)
+            return ConvertResult(done, output, already_done=True)
+        found = sources.scan(source, allow_outside=allow_outside)
+        log.info(
+            "%s: %d images in %d classes (%s)",
+            source,
+            len(found.items),
+            len(found.class_names),
+            found.kind,
+        )
+        with worker_pool.start_pool(workers if len(found.items) > ENCODE_CHUNK else 1) as pool:
+            spec, shards, rejects = _plan(found, options, pool, progress)
+            written = _write_shards(found, shards, spec, output, options, pool, progress)
+        manifest = _finish(found, spec, options, written, rejects, output)
+    return ConvertResult(
+        manifest, output, resumed_shards=written.resumed, seconds=time.perf_counter() - started
+    )
+
+
+# -- checks before any work ---------------------------------------------------------------
+
+
+def _check_not_inside(source: str, output: str) -> None:
+    if source.startswith("keras:") or not (storage.is_local(source) and storage.is_local(output)):
+        return
+    src = os.path.realpath(storage.local_path(source))
+    out = os.path.realpath(storage.local_path(output))
+    if os.path.isdir(src) and (out == src or out.startswith(src + os.sep)):
+        raise ChuteError(
+            f"`output` must not be inside the source folder (it would be read as data). "
+            f"Received: output={output!r}, source={source!r}"
+        )
+
+
+# -- workers ------------------------------------------------------------------------------
+
+
+def _probe(
+    found: sources.Source,
+    indices: range,
+    options: ConvertOptions,
+    pool,
+    progress: ProgressFn | None,
+) -> list[Probe]:
+    tasks = (
+        (
+            [found.payload(found.items[i]) for i in indices[start : start + PROBE_CHUNK]],
+            options.max_pixels,
+        )
+        for start in range(0, len(indices), PROBE_CHUNK)
+    )
+    probes: list[Probe] = []
+    for chunk in pool.ordered("probe_chunk", tasks):
+        probes += chunk
+        if progress:
+            progress("check", len(probes), len(indices))
+    return probes
+
+
+# -- the plan -----------------------------------------------------------------------------
+
+
+def _plan(
+    found: sources.Source, options: ConvertOptions, pool, progress: ProgressFn | None
+) -> tuple[ImageSpec, list[plan_lib.Shard], list[dict]]:
+    """The image spec, every shard with its items, and the inputs rejected from their header.
+
+    Headers are read first only when an option is left to them; files are
+    otherwise read once, when they are encoded (and hashed, for duplicates).
+    """
+    everything = range(len(found.items))
+    probes = None
+    if plan_lib.needs_headers(options):
+        probes = _probe(found, everything, options, pool, progress)
+    spec = plan_lib.image_spec(options, probes)
+    rejects = [
+        {"key": found.items[i].key, "reason": p.reject}
+        for i, p in enumerate(probes or [])
+        if p.reject
+    ]
+    split = split_items(
+        found.items,
+        [p.reject is None for p in probes] if probes else [True] * len(found.items),
+        found.class_names,
+        val_fraction=options.val_fraction,
+        test_fraction=options.test_fraction,
+        seed=options.seed,
+    )
+    if probes is None and spec.encoding != "raw":
+        step = max(1, len(found.items) // _SIZE_SAMPLE)  # enough to estimate shard sizes
+        probes = _probe(found, everything[::step], options, pool, None)
+    shards = plan_lib.plan_shards(
+        split.indices, plan_lib.bytes_per_record(spec, probes or []), options
+    )
+    return spec, shards, rejects
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Written:
+    infos: dict[str, dict]  # shard name -> manifest entry (plus its split)
+    rejects: list[dict]
+    guard: LeakGuard
+    fingerprint: Any  # a running sha256 over (key, label, split, content hash)
+    resumed: int
+
+
+def _write_shards(
+    found: sources.Source,
+    plan: list[plan_lib.Shard],
+    spec: ImageSpec,
+    output: str,
+    options: ConvertOptions,
+    pool,
+    progress: ProgressFn | None,
+) -> _Written:
+    """Writes the shards in plan order; shards an earlier run finished are replayed.
+
+    Each shard's note records, per item, its content hash and fate (kept,
+    dropped as a leak, or the reject reason), so a resumed run rebuilds the
+    same LeakGuard, fingerprint and rejects without reading those images again.
+    """
+    layout = hashlib.sha256(
+        json.dumps(
+            [
+                [s.name, [(found.items[i].key, found.items[i].label) for i in s.indices]]
+                for s in plan
+            ]
+        ).encode()
+    ).hexdigest()
+    stamp = {
+        "source": found.location,
+        "options": options.to_dict(),
+        "layout": layout,
+        "spec": spec.to_dict(),
+    }
+    resume.start_work(output, stamp)
+    notes = {shard.name: resume.load_done(output, shard.name) for shard in plan}
+    todo = [shard for shard in plan if notes[shard.name] is None]
+    if len(todo) < len(plan):
+        log.info(
+            "resuming: %d of %d shards were already complete", len(plan) - len(todo), len(plan)
+        )
+    tasks = (
+        (
+            [
+                (found.items[i].key, found.items[i].label, found.payload(found.items[i]))
+                for i in shard.indices[start : start + ENCODE_CHUNK]
+            ],
+            spec,
+            options.max_pixels,
+        )
+        for shard in todo
+        for start in range(0, len(shard.indices), ENCODE_CHUNK)
+    )
+    results = pool.ordered("encode_chunk", tasks)
+    written = _Written({}, [], LeakGuard(), hashlib.sha256(), len(plan) - len(todo))
+    total, finished = sum(len(s.indices) for s in plan), 0
+    for shard in plan:
+        note = notes[shard.name]
+        if note is None:
+            note = _write_shard(found, shard, output, results, written.guard)
+        else:
+            for index, (digest, fate) in zip(shard.indices, note["outcomes"], strict=True):
+                if fate in (_KEPT, _LEAK):  # what the guard saw when the shard was written
+                    item = found.items[index]
+                    written.guard.admit(bytes.fromhex(digest), item.key, item.label, shard.split)
+        for index, (digest, fate) in zip(shard.indices, note.pop("outcomes"), strict=True):
+            item = found.items[index]
+            written.fingerprint.update(
+                f"{item.key}\0{item.label}\0{shard.split}\0{digest}\0".encode()
+            )
+            if fate not in (_KEPT, _LEAK):
+                written.rejects.append({"key": item.key, "reason": fate})
+        written.infos[shard.name] = note
+        finished += len(shard.indices)
+        if progress:
+            progress("write", finished, total)
+    return written
+
+
+_KEPT, _LEAK = "", "leak"
+
+
+def _write_shard(
+    found: sources.Source, shard: plan_lib.Shard, output: str, results: Iterator, guard: LeakGuard
+) -> dict:
+    """Writes one shard from the encoded chunks; returns (and saves) its note."""
+    outcomes: list[tuple[str | None, str]] = []
+    work = storage.join(output, resume.WORK_DIR)
+    path = storage.join(output, shard.name)
+    with ShardWriter(path, len(found.class_names), tmp_dir=work) as writer:
+        for start in range(0, len(shard.indices), ENCODE_CHUNK):
+            kept, labels = [], []
+            chunk = shard.indices[start : start + ENCODE_CHUNK]
+            for index, encoded in zip(chunk, next(results), strict=True):
+                item = found.items[index]
+                digest = encoded.digest.hex() if encoded.digest else None
+                if encoded.reject is not None:
+                    outcomes.append((digest, encoded.reject))
+                elif guard.admit(encoded.digest, item.key, item.label, shard.split):
+                    kept.append(encoded.record)
+                    labels.append(item.label)
+                    outcomes.append((digest, _KEPT))
+                else:
+                    outcomes.append((digest, _LEAK))  # its content is already in a higher split
+            writer.write(b"".join(kept), labels)
+    note = dict(writer.info, split=shard.split, outcomes=outcomes)
+    resume.save_done(output, shard.name, note)
+    return note
+
+
+def _finish(
+    found: sources.Source,
+    spec: ImageSpec,
+    options: ConvertOptions,
+    written: _Written,
+    header_rejects: list[dict],
+    output: str,
+) -> manifest_lib.Manifest:
+    """Writes ``rejects.csv`` and, last, the manifest; removes the work folder."""
+    from chute import __version__
+
+    fingerprint = written.fingerprint
+    for reject in header_rejects:  # inputs rejected from their header never reached a shard
+        fingerprint.update(f"{reject['key']}\0rejected\0".encode())
+    rejects = header_rejects + written.rejects
+    duplicates = written.guard.report()
+    splits: dict[str, dict] = {}
+    for info in written.infos.values():
+        split = splits.setdefault(
+            info.pop("split"),
+            {"num_examples": 0, "class_counts": [0] * len(found.class_names), "shards": []},
+        )
+        split["num_examples"] += info["num_records"]
+        split["class_counts"] = [
+            a + b for a, b in zip(split["class_counts"], info["class_counts"], strict=True)
+        ]
+        split["shards"].append(info)
+    empty = [
+        name
+        for name, count in zip(found.class_names, splits["train"]["class_counts"], strict=True)
+        if count == 0
+    ]
+    if empty:
+        resume.remove_outputs(output)
+        raise ChuteError(
+            f"{len(empty)} class(es) lost every training image to unreadable files: "
+            f"{empty[:10]}. The rejects were: {rejects[:10]}"
+        )
+    rejects = sorted(rejects, key=lambda r: r["key"])
+    manifest = manifest_lib.Manifest(
+        class_names=found.class_names,
+        image=spec,
+        splits=splits,
+        options=options.to_dict(),
+        source={
+            "location": found.location,
+            "kind": found.kind,
+            "fingerprint": fingerprint.hexdigest(),
+            "num_items": len(found.items),
+        },
+        rejects=rejects,
+        duplicates=duplicates,
+        created_by=f"chute {__version__}",
+        location=output,
+    )
+    resume.write_rejects(output, rejects)
+    manifest.save(output)  # last: its presence means the conversion is complete
+    resume.remove_work_dir(output)
+    log.info(
+        "wrote %s: %s; %d rejected, %d duplicate groups",
+        output,
+        ", ".join(f"{k} {v['num_examples']}" for k, v in splits.items()),
+        len(rejects),
+        len(duplicates),
+    )
+    return manifest

@@ -1,0 +1,293 @@
+"""From an image file (or array) to model pixels: read the header, decode, convert, resize.
+
+The one place where an input image becomes the pixels a model sees: ``chute
+convert`` stores them (see :mod:`chute.ingest.encode`) and ``predict``
+feeds them to a model, so both see the same pixels. Nothing here imports
+TensorFlow: this runs in worker processes that start in a fraction of a
+second.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from typing import Any, NamedTuple
+
+import cv2
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from chute.format import storage
+from chute.format.spec import ImageSpec
+from chute.ingest.options import DEFAULT_MAX_PIXELS
+
+# We enforce our own pixel limit (ImageSpec.max_pixels) and reject, rather
+# than letting Pillow warn or raise at its built-in one.
+Image.MAX_IMAGE_PIXELS = None
+
+cv2.setNumThreads(1)  # parallelism comes from worker processes
+_FILTERS = {
+    "nearest": cv2.INTER_NEAREST_EXACT,
+    "bilinear": cv2.INTER_LINEAR,
+    "bicubic": cv2.INTER_CUBIC,
+    "area": cv2.INTER_AREA,
+    "lanczos": cv2.INTER_LANCZOS4,
+}
+_ORIENTATION = 0x0112
+_EXIF_FORMATS = frozenset({"JPEG", "MPO", "TIFF", "WEBP"})
+_GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
+
+
+class Probe(NamedTuple):
+    """What a header tells about one item, without decoding its pixels."""
+
+    reject: str | None  # why the item cannot be used, or None
+    grayscale: bool
+    height: int  # after EXIF orientation
+    width: int
+    format: str  # Pillow's format name ("PNG", "JPEG", ...), "ARRAY" for arrays
+    nbytes: int
+
+
+class Rejected(Exception):
+    """An input that cannot be converted; the message is the reason."""
+
+
+def _open(source: bytes | Any, max_pixels: int) -> Image.Image:
+    """Opens (bytes or a file object) and checks the header; pixels stay undecoded."""
+    if isinstance(source, bytes):
+        if not source:
+            raise Rejected("empty file (0 bytes)")
+        source = io.BytesIO(source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            image = Image.open(source)
+    except UnidentifiedImageError:
+        raise Rejected("not an image Pillow can identify") from None
+    except Exception as error:  # untrusted bytes: any parser failure is a bad file
+        raise Rejected(f"unreadable image header: {error}") from None
+    width, height = image.size
+    if width * height > max_pixels:
+        raise Rejected(
+            f"too many pixels: {width}x{height} = {width * height} > max_pixels {max_pixels}"
+        )
+    return image
+
+
+def _orientation(image: Image.Image) -> int:
+    # Image.getexif() on a PNG without an eXIf chunk in its header decodes the
+    # whole image to look further; only ask where an orientation can be.
+    if image.format not in _EXIF_FORMATS and "exif" not in image.info:
+        return 1
+    try:
+        return int(image.getexif().get(_ORIENTATION, 1))
+    except Exception:  # a broken EXIF block is not worth rejecting the image for
+        return 1
+
+
+def read(path: str) -> bytes:
+    try:
+        return storage.read_bytes(path)
+    except OSError as error:
+        raise Rejected(f"cannot read file: {error.strerror or error}") from None
+
+
+def probe_chunk(payloads: list[Any], max_pixels: int) -> list[Probe]:
+    """Reads the headers of a chunk of items (paths or pixel arrays), not their pixels."""
+    return [_probe(payload, max_pixels) for payload in payloads]
+
+
+def _probe(payload: Any, max_pixels: int) -> Probe:
+    if isinstance(payload, np.ndarray):
+        gray = payload.ndim == 2
+        return Probe(None, gray, payload.shape[0], payload.shape[1], "ARRAY", payload.nbytes)
+    try:
+        if storage.is_local(payload):
+            with open(storage.local_path(payload), "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                return _probe_header(handle, size, max_pixels)  # reads the header only
+        data = read(payload)
+        return _probe_header(io.BytesIO(data), len(data), max_pixels)
+    except OSError as error:
+        return Probe(f"cannot read file: {error.strerror or error}", False, 0, 0, "", 0)
+    except Rejected as reason:
+        return Probe(str(reason), False, 0, 0, "", 0)
+
+
+def _probe_header(handle: Any, size: int, max_pixels: int) -> Probe:
+    if size == 0:
+        raise Rejected("empty file (0 bytes)")
+    image = _open(handle, max_pixels)
+    width, height = image.size
+    if _orientation(image) in (5, 6, 7, 8):
+        width, height = height, width
+    gray = image.mode in _GRAY_MODES or (image.mode == "P" and _palette_is_gray(image))
+    return Probe(None, gray, height, width, image.format or "?", size)
+
+
+def _palette_is_gray(image: Image.Image) -> bool:
+    palette = image.getpalette() or []
+    rgb = np.asarray(palette[: len(palette) // 3 * 3]).reshape(-1, 3)
+    return bool(len(rgb)) and bool((rgb == rgb[:, :1]).all())
+
+
+def to_channels(image: Image.Image, channels: int) -> Image.Image:
+    """Converts any Pillow mode (CMYK, palette, alpha, 16-bit, ...) to L or RGB.
+
+    Alpha is dropped, as Keras's loaders do; 16-bit data is scaled to 8 bits.
+    """
+    if image.mode.startswith("I") or image.mode == "F":
+        pixels = np.asarray(image)
+        if image.mode.startswith("I;16") or pixels.max(initial=0) > 255:
+            pixels = pixels.astype(np.float64) / 257.0  # 0..65535 -> 0..255
+        image = Image.fromarray(np.clip(np.rint(pixels), 0, 255).astype(np.uint8), "L")
+    if channels == 1:
+        if image.mode not in ("L", "1", "LA", "RGB"):
+            image = image.convert("RGBA" if image.mode in ("P", "PA") else "RGB")
+        return image if image.mode == "L" else image.convert("L")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def resize(
+    pixels: np.ndarray, height: int, width: int, mode: str, interpolation: str
+) -> np.ndarray:
+    """Resizes HxW or HxWx3 uint8 pixels to ``(height, width)``.
+
+    ``crop`` first cuts the centred window of the target aspect ratio,
+    ``pad`` first pads with black to it, ``stretch`` ignores the aspect ratio
+    (Keras's ``crop_to_aspect_ratio`` and ``pad_to_aspect_ratio``). The
+    resampling is OpenCV's; for nearest, bilinear and area it computes what
+    ``tf.image.resize`` does (no antialiasing, half-pixel centres), so the
+    images match the ones Keras's own loaders produce.
+    """
+    src_h, src_w = pixels.shape[:2]
+    if mode != "stretch" and src_w * height != src_h * width:
+        if (src_w * height > src_h * width) == (mode == "crop"):
+            # crop: too wide -> narrow the window; pad: too tall -> widen the canvas
+            new_w, new_h = max(1, round(src_h * width / height)), src_h
+        else:
+            new_w, new_h = src_w, max(1, round(src_w * height / width))
+        if mode == "crop":
+            left, top = (src_w - new_w) // 2, (src_h - new_h) // 2
+            pixels = pixels[top : top + new_h, left : left + new_w]
+        else:
+            canvas = np.zeros((new_h, new_w, *pixels.shape[2:]), np.uint8)
+            left, top = (new_w - src_w) // 2, (new_h - src_h) // 2
+            canvas[top : top + src_h, left : left + src_w] = pixels
+            pixels = canvas
+    if pixels.shape[:2] == (height, width):
+        return pixels
+    return cv2.resize(
+        np.ascontiguousarray(pixels), (width, height), interpolation=_FILTERS[interpolation]
+    )
+
+
+def _png_has_chunk(data: bytes, types: tuple[bytes, ...]) -> bool:
+    """Whether a PNG has a chunk of one of ``types`` (or a chunk list that does not add up).
+
+    Walks the chunk headers: a few per file, cheaper than searching the bytes
+    (and a type's letters inside compressed data are not a chunk).
+    """
+    position, end = 8, len(data)
+    while position + 8 <= end:
+        length = int.from_bytes(data[position : position + 4], "big")
+        kind = data[position + 4 : position + 8]
+        if kind in types:
+            return True
+        if kind == b"IEND":
+            return False
+        position += 12 + length
+    return True  # truncated or malformed: let Pillow look at it
+
+
+def _png_fast(data: bytes, spec: ImageSpec, max_pixels: int) -> np.ndarray | None:
+    """Decodes a plain 8-bit grayscale or RGB PNG that needs no conversion with
+    OpenCV (faster than Pillow here, and lossless either way: same pixels).
+
+    Returns None for anything else (other modes, bit depths, EXIF, bad data),
+    which then takes the Pillow path with its full checks and messages.
+    """
+    if len(data) < 33 or data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        return None
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    bit_depth, color_type = data[24], data[25]
+    wanted = {1: 0, 3: 2}[spec.channels]  # PNG colour type 0: grayscale, 2: RGB
+    if bit_depth != 8 or color_type != wanted or width * height > max_pixels:
+        return None
+    if _png_has_chunk(data, (b"eXIf", b"tRNS")):  # orientation or transparency: Pillow decides
+        return None
+    pixels = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if pixels is None or pixels.shape[:2] != (height, width):
+        return None
+    return pixels if spec.channels == 1 else cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+
+
+def _load(payload: Any, spec: ImageSpec, max_pixels: int) -> tuple[Image.Image, bytes | None]:
+    """Decodes an item; also returns the original bytes when they can be stored as is."""
+    if isinstance(payload, np.ndarray):
+        return Image.fromarray(np.ascontiguousarray(payload)), None  # L, RGB or RGBA
+    data = None
+    if isinstance(payload, Image.Image):
+        image = payload
+    else:
+        data = payload if isinstance(payload, bytes) else read(payload)
+        image = _open(data, max_pixels)
+    try:
+        image.load()  # full decode: truncated and corrupt data fail here
+    except Exception as error:  # untrusted bytes: any decoder failure is a bad file
+        raise Rejected(f"corrupt or truncated image data: {error}") from None
+    original = None
+    orientation = _orientation(image)
+    if orientation != 1:
+        image = ImageOps.exif_transpose(image)
+    elif image.format == "JPEG" and spec.encoding == "jpeg" and not spec.fixed_size:
+        original = data  # keep_size: an upright JPEG in the right mode is stored untouched
+    return image, original
+
+
+def load_pixels(
+    payload: Any, spec: ImageSpec, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[np.ndarray, bytes | None]:
+    """One item as ``spec`` stores it: decoded, upright, converted and resized.
+
+    The single place where an input image becomes model pixels: ``chute
+    convert`` stores them, and prediction feeds them to a model, so both see
+    the same pixels.
+
+    Args:
+        payload: a path (local or TF filesystem), the file's bytes, a pixel
+            array, or a Pillow image.
+        spec: size, channels, resize mode and interpolation (``height`` None:
+            the image keeps its size).
+        max_pixels: larger images are rejected.
+
+    Returns:
+        ``(pixels, original)``: uint8 pixels, ``(H, W)`` for one channel or
+        ``(H, W, 3)``; and the file's bytes when they can be stored unchanged
+        (an upright JPEG kept at its size as JPEG), else None.
+
+    Raises:
+        Rejected: the item cannot be read, decoded or converted (the message says why).
+
+    Example:
+        >>> spec = ImageSpec(height=75, width=75, channels=1, encoding="raw")
+        >>> load_pixels("glyph.png", spec)[0].shape  # doctest: +SKIP
+        (75, 75)
+    """
+    try:
+        original = None
+        pixels = _png_fast(payload, spec, max_pixels) if isinstance(payload, bytes) else None
+        if pixels is None:
+            image, original = _load(payload, spec, max_pixels)
+            if image.mode != ("L" if spec.channels == 1 else "RGB"):
+                original = None  # the stored JPEG must already be in the target mode
+            pixels = np.asarray(to_channels(image, spec.channels))
+        if spec.fixed_size:
+            pixels = resize(pixels, spec.height, spec.width, spec.resize, spec.interpolation)
+    except Rejected:
+        raise
+    except Exception as error:  # untrusted images: a failure rejects this one only
+        raise Rejected(f"cannot convert image: {error}") from None
+    return pixels, original

@@ -1,0 +1,134 @@
+"""CSV and JSONL lists of ``path,label`` (optional ``split`` column) as a source.
+
+Paths are relative to the list's folder and must stay inside it unless
+``allow_outside``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import posixpath
+
+from chute.errors import ChuteError
+from chute.format import storage
+from chute.ingest.sources import SPLIT_ALIASES, Item, Source
+
+
+def _class_names(labels: list[str]) -> list[str]:
+    unique = set(labels)
+    if all(label.lstrip("-").isdigit() for label in unique):
+        return sorted(unique, key=lambda label: (int(label), label))  # "1" and "01" stay apart
+    return sorted(unique)
+
+
+def scan_list(path: str, *, allow_outside: bool) -> Source:
+    try:
+        text = storage.read_bytes(path).decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ChuteError(
+            f"`source` must be a UTF-8 text list. Received: {path!r}, which is not UTF-8 "
+            f"({error.reason} at byte {error.start}); save it as UTF-8"
+        ) from None
+    rows: list[tuple[int, str, str, str | None]] = []  # (line, path, label, split)
+    if path.lower().endswith(".jsonl"):
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                split = record.get("split")
+                if split is not None and not isinstance(split, str):
+                    raise TypeError(f"'split' must be a string, got {split!r}")
+                rows.append((number, str(record["path"]), str(record["label"]), split))
+            except (ValueError, KeyError, TypeError) as error:
+                raise ChuteError(
+                    f"{path}, line {number}: each line must be a JSON object with 'path' and "
+                    f"'label'. Received: {line[:80]!r} ({error})"
+                ) from None
+    else:
+        reader = list(csv.reader(io.StringIO(text)))
+        columns = {"path": 0, "label": 1, "split": None}
+        if (
+            reader
+            and reader[0]
+            and reader[0][0].strip().lower()
+            in (
+                "path",
+                "file",
+                "filename",
+                "filepath",
+                "image",
+            )
+        ):
+            header = [h.strip().lower() for h in reader[0]]
+            columns = {
+                "path": 0,
+                "label": next((i for i, h in enumerate(header) if h in ("label", "class")), 1),
+                "split": header.index("split") if "split" in header else None,
+            }
+            reader = [[], *reader[1:]]
+        for number, row in enumerate(reader, start=1):
+            if not row or not any(cell.strip() for cell in row):
+                continue
+            if len(row) <= max(c for c in columns.values() if c is not None):
+                raise ChuteError(
+                    f"{path}, line {number}: each row must be 'path,label'. Received: {row!r}"
+                )
+            split_col = columns["split"]
+            rows.append(
+                (
+                    number,
+                    row[columns["path"]].strip(),
+                    row[columns["label"]].strip(),
+                    row[split_col].strip() if split_col is not None else None,
+                )
+            )
+    base = (
+        posixpath.dirname(path)
+        if not storage.is_local(path)
+        else os.path.dirname(os.path.abspath(storage.local_path(path)))
+    )
+    labels = [label for _, _, label, _ in rows]
+    if any(not label for label in labels):
+        number = next(n for n, _, label, _ in rows if not label)
+        raise ChuteError(f"{path}, line {number}: the label is empty")
+    class_names = _class_names(labels)
+    label_of = {name: i for i, name in enumerate(class_names)}
+    presplit = any(split for *_, split in rows)
+    items = []
+    for number, rel, label, split in rows:
+        resolved = _resolve_listed(path, base, rel, number, allow_outside)
+        split_name = None
+        if presplit:
+            split_name = SPLIT_ALIASES.get((split or "").lower())
+            if split_name is None:
+                raise ChuteError(
+                    f"{path}, line {number}: `split` must be one of train, val, validation, "
+                    f"test. Received: split={split!r}"
+                )
+        items.append(Item(rel, label_of[label], split_name, resolved))
+    items.sort(key=lambda item: (item.split or "", item.key))
+    kind = "jsonl" if path.lower().endswith(".jsonl") else "csv"
+    return Source(kind, path, class_names, items, presplit=presplit)
+
+
+def _resolve_listed(list_path: str, base: str, rel: str, line: int, allow_outside: bool) -> str:
+    if not rel:
+        raise ChuteError(f"{list_path}, line {line}: the path is empty")
+    if storage.is_local(base):
+        absolute = os.path.isabs(rel)
+        resolved = os.path.normpath(os.path.join(base, rel))
+        inside = resolved == base or resolved.startswith(base.rstrip(os.sep) + os.sep)
+    else:
+        absolute = rel.startswith("/") or "://" in rel
+        resolved = rel if "://" in rel else posixpath.normpath(posixpath.join(base, rel))
+        inside = resolved.startswith(base.rstrip("/") + "/")
+    if (absolute or not inside) and not allow_outside:
+        raise ChuteError(
+            f"{list_path}, line {line}: paths must stay inside the list's folder {base!r}. "
+            f"Received: {rel!r}. Pass allow_outside=True (--allow-outside) to accept it."
+        )
+    return resolved

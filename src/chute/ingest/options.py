@@ -1,0 +1,158 @@
+"""The options of a conversion: one frozen, validated dataclass.
+
+Every value is checked when the object is built, before any file is read or
+written, and a bad one raises :class:`~chute.errors.ChuteError` naming the
+option, the value received and what is allowed. The defaults, and the help
+of ``chute convert``'s flags, are written here only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from chute import checks
+from chute.errors import ChuteError
+from chute.format.spec import ENCODINGS, INTERPOLATIONS, MAX_SIDE, RESIZE_MODES
+from chute.settings import from_mapping, option
+
+COLOR_MODES = ("grayscale", "rgb", "auto")
+ENCODING_CHOICES = (*ENCODINGS, "auto")
+DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold
+
+
+def parse_image_size(value: Any) -> tuple[int, int] | None:
+    """Reads ``75``, ``"75"``, ``"75x100"`` or ``(75, 100)`` as ``(height, width)``.
+
+    Example:
+        >>> parse_image_size("75x100")
+        (75, 100)
+    """
+    if value is None:
+        return None
+    allowed = "a positive integer H or 'HxW' (or a (height, width) pair)"
+    if isinstance(value, bool):
+        raise checks.bad_value("image_size", value, allowed)
+    if isinstance(value, int):
+        size: tuple[Any, ...] = (value, value)
+    elif isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:[xX×,]\s*(\d+)\s*)?", value)
+        if not match:
+            raise checks.bad_value("image_size", value, allowed)
+        size = (int(match[1]), int(match[2] or match[1]))
+    elif isinstance(value, tuple | list) and len(value) == 2:
+        size = tuple(value)
+    else:
+        raise checks.bad_value("image_size", value, allowed)
+    if not all(checks.is_int(v) and 0 < v <= MAX_SIDE for v in size):
+        raise checks.bad_value("image_size", value, f"{allowed} up to {MAX_SIDE}")
+    return int(size[0]), int(size[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+    """What a conversion produces. Two runs with equal options on the same source
+    write the same bytes.
+
+    Attributes:
+        image_size: ``(height, width)`` to resize to; ``None`` keeps the size
+            when every image has the same one (an error otherwise, unless
+            ``keep_size``). Also accepts ``75`` or ``"75x100"``.
+        resize: ``"stretch"`` (ignore aspect ratio), ``"crop"`` (centre crop
+            to the target aspect ratio, Keras's ``crop_to_aspect_ratio``) or
+            ``"pad"`` (pad with black to it, Keras's ``pad_to_aspect_ratio``).
+        interpolation: resampling filter by name. ``nearest``, ``bilinear`` and
+            ``area`` compute what ``tf.image.resize`` does (no antialiasing);
+            ``bicubic`` and ``lanczos`` are OpenCV's (Keys a=-0.75, Lanczos-4).
+        keep_size: store every image at its own size (PNG or JPEG only).
+        color_mode: ``"grayscale"``, ``"rgb"`` or ``"auto"`` (grayscale when
+            every image is grayscale).
+        encoding: ``"raw"`` uint8 pixels, ``"png"``, ``"jpeg"`` or ``"auto"``
+            (raw for small images, JPEG for photographs, PNG otherwise).
+        quality: JPEG quality, 1-100.
+        val_fraction: share of each class held out for validation.
+        test_fraction: share of each class held out for testing.
+        seed: seed of the split and of the record order.
+        shard_size_mb: target size of one shard file.
+        min_shards: minimum shards per split; ``None`` means 16 when the split
+            has enough images (at least 64 per shard).
+        max_pixels: images with more pixels are rejected (decompression bombs).
+
+    Example:
+        >>> ConvertOptions(image_size="75", color_mode="grayscale").image_size
+        (75, 75)
+    """
+
+    image_size: tuple[int, int] | None = option(
+        None, "resize to H x W (default: the common size)", type=str, metavar="H[xW]"
+    )
+    resize: str = option("stretch", "how to reach the aspect ratio", choices=RESIZE_MODES)
+    interpolation: str = option("bilinear", "resampling filter", choices=INTERPOLATIONS)
+    keep_size: bool = option(False, "store each image at its own size")
+    color_mode: str = option("auto", "grayscale when every image is", choices=COLOR_MODES)
+    encoding: str = option(
+        "auto", "raw up to 128x128, JPEG for photos, else PNG", choices=ENCODING_CHOICES
+    )
+    quality: int = option(90, "JPEG quality, 1-100")
+    val_fraction: float = option(0.0, "share of each class held out for validation")
+    test_fraction: float = option(0.0, "share of each class held out for testing")
+    seed: int = option(1337, "seed of the split and the record order")
+    # the TF performance guide advises 100-200 MB per file
+    shard_size_mb: float = option(128.0, "target shard size in MB")
+    min_shards: int | None = option(
+        None, "shards per split at least (default: 16 when each gets >= 64 images)", type=int
+    )
+    max_pixels: int = option(DEFAULT_MAX_PIXELS, "reject larger images (decompression bombs)")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", parse_image_size(self.image_size))
+        checks.one_of("resize", self.resize, RESIZE_MODES)
+        checks.one_of("interpolation", self.interpolation, INTERPOLATIONS)
+        checks.one_of("color_mode", self.color_mode, COLOR_MODES)
+        checks.one_of("encoding", self.encoding, ENCODING_CHOICES)
+        if not isinstance(self.keep_size, bool):
+            raise checks.bad_value("keep_size", self.keep_size, "True or False")
+        checks.int_in("quality", self.quality, 1, 100)
+        for name in ("val_fraction", "test_fraction"):
+            checks.number_in(name, getattr(self, name), 0.0, 1.0, high_open=True)
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise checks.bad_value(
+                "val_fraction + test_fraction",
+                self.val_fraction + self.test_fraction,
+                "below 1 so that every class keeps training images",
+            )
+        checks.int_in("seed", self.seed, 0, 2**63 - 1)
+        checks.positive_number(
+            "shard_size_mb", self.shard_size_mb, "a positive number of megabytes"
+        )
+        if self.min_shards is not None:
+            checks.int_in("min_shards", self.min_shards, 1, 100_000)
+        checks.int_in("max_pixels", self.max_pixels, 1, 2**40)
+        if self.keep_size:
+            if self.image_size is not None:
+                raise ChuteError(
+                    "`keep_size` and `image_size` exclude each other: keep_size stores every "
+                    "image at its own size. "
+                    f"Received: keep_size=True, image_size={self.image_size!r}"
+                )
+            if self.encoding == "raw":
+                raise checks.bad_value(
+                    "encoding", self.encoding, "'png', 'jpeg' or 'auto' when keep_size=True"
+                )
+        elif self.resize != "stretch" and self.image_size is None:
+            raise ChuteError(
+                f"`resize` only applies with `image_size`. Received: resize={self.resize!r}, "
+                "image_size=None"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as JSON-ready values (tuples become lists)."""
+        out = dataclasses.asdict(self)
+        out["image_size"] = list(self.image_size) if self.image_size else None
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ConvertOptions:
+        """Builds options from :meth:`to_dict` output or keywords, naming unknown keys."""
+        return from_mapping(cls, values, "option")

@@ -1,0 +1,175 @@
+"""The plan of a conversion: the image spec its options and the headers call for, and its shards.
+
+``auto`` options are resolved here: grayscale when every image is, the common
+size when there is one, raw pixels for small images (barely larger than PNG
+and the fastest to read), JPEG for photographs, PNG otherwise. Every shard is
+then planned before any image is encoded: a split's records are cut into
+contiguous, near-equal runs sized from the expected bytes per record, so the
+content of shard ``i`` depends only on the source and the options. That is
+what makes a resumed conversion byte-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import math
+import re
+
+from chute.errors import ChuteError
+from chute.format.spec import ImageSpec
+from chute.ingest.decode import Probe
+from chute.ingest.options import ConvertOptions
+
+log = logging.getLogger(__name__)
+
+RAW_AUTO_MAX_PIXELS = 128 * 128  # up to here raw pixels are barely larger than PNG
+DEFAULT_MIN_SHARDS = 16
+MIN_RECORDS_PER_SHARD = 64  # below this, more files only add open/seek overhead
+SHARD_NAME = re.compile(r"^(train|val|test)-(\d{5})-of-(\d{5})\.tfrecord$")
+
+
+def needs_headers(options: ConvertOptions) -> bool:
+    """Whether some option is left for the images' headers to decide."""
+    return (
+        options.color_mode == "auto"
+        or options.encoding == "auto"
+        or (options.image_size is None and not options.keep_size)
+    )
+
+
+def image_spec(options: ConvertOptions, probes: list[Probe] | None) -> ImageSpec:
+    """The one image spec of a conversion: explicit options, else what the headers say.
+
+    Args:
+        options: the conversion's options.
+        probes: every item's header; needed only when :func:`needs_headers`.
+
+    Raises:
+        ChuteError: every input was rejected, or sizes differ and no size was given.
+    """
+    probes = probes or []
+    usable = [p for p in probes if p.reject is None]
+    if needs_headers(options) and not usable:
+        raise ChuteError(
+            f"No usable image: all {len(probes)} inputs were rejected (first: "
+            f"{next((p.reject for p in probes), '')}). Check the source"
+        )
+    if options.color_mode == "auto":
+        channels = 1 if all(p.grayscale for p in usable) else 3
+    else:
+        channels = 1 if options.color_mode == "grayscale" else 3
+    height = width = None
+    if options.image_size is not None:
+        height, width = options.image_size
+    elif not options.keep_size:
+        sizes = collections.Counter((p.height, p.width) for p in usable)
+        if len(sizes) > 1:
+            common = ", ".join(f"{h}x{w} ({n})" for (h, w), n in sizes.most_common(4))
+            raise ChuteError(
+                f"Images have {len(sizes)} different sizes ({common}, ...). Received: "
+                "image_size=None; pass image_size (--image-size H or HxW) to resize them, or "
+                "keep_size=True (--keep-size) to store each at its own size"
+            )
+        height, width = next(iter(sizes))
+    encoding = options.encoding
+    if encoding == "auto":
+        jpeg_share = sum(p.format == "JPEG" for p in usable) / len(usable)
+        if options.keep_size:
+            encoding = "jpeg" if jpeg_share == 1.0 else "png"
+        elif height * width <= RAW_AUTO_MAX_PIXELS:
+            encoding = "raw"
+        else:
+            encoding = "jpeg" if jpeg_share >= 0.5 else "png"
+    log.info(
+        "storing %s images as %s, %s channel(s)",
+        f"{height}x{width}" if height else "original-size",
+        encoding,
+        channels,
+    )
+    return ImageSpec(
+        height=height,
+        width=width,
+        channels=channels,
+        encoding=encoding,
+        quality=options.quality,
+        resize=options.resize,
+        interpolation=options.interpolation,
+    )
+
+
+def bytes_per_record(spec: ImageSpec, probes: list[Probe]) -> float:
+    """Expected size of one record: exact for raw pixels, else from (a sample of) the
+    source files' headers, assuming their compression ratio carries over."""
+    overhead = 128  # framing, feature names, size, key
+    if spec.fixed_size and spec.encoding == "raw":
+        return spec.height * spec.width * spec.channels + overhead
+    usable = [p for p in probes if p.reject is None]
+    total = 0.0
+    for p in usable:
+        if spec.height is None:
+            total += p.nbytes
+        else:
+            raw = spec.height * spec.width * spec.channels
+            scale = (spec.height * spec.width) / (p.height * p.width) if p.height else 1.0
+            total += min(raw, p.nbytes * scale)
+    return total / max(1, len(usable)) + overhead
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    """``train-00003-of-00016.tfrecord``: split, index and count in the name.
+
+    Example:
+        >>> shard_name("val", 0, 4)
+        'val-00000-of-00004.tfrecord'
+    """
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def shard_runs(
+    num_items: int, bytes_per_item: float, *, shard_size_mb: float, min_shards: int | None
+) -> list[tuple[int, int]]:
+    """Cuts ``num_items`` records into ``[start, stop)`` runs, one per shard.
+
+    The count is the larger of what the size bound needs and the minimum: an
+    explicit ``min_shards``, else ``DEFAULT_MIN_SHARDS`` when every shard can
+    still hold ``MIN_RECORDS_PER_SHARD`` records. Never more shards than records.
+
+    Example:
+        >>> shard_runs(10, 100.0, shard_size_mb=128, min_shards=3)
+        [(0, 3), (3, 6), (6, 10)]
+    """
+    by_size = math.ceil(num_items * bytes_per_item / (shard_size_mb * 1e6))
+    if min_shards is None:
+        min_shards = min(DEFAULT_MIN_SHARDS, num_items // MIN_RECORDS_PER_SHARD)
+    count = max(1, min(num_items, max(by_size, min_shards)))
+    bounds = [num_items * i // count for i in range(count + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+@dataclasses.dataclass
+class Shard:
+    """One planned shard: its split, file name and the items it holds, in order."""
+
+    split: str
+    name: str
+    indices: list[int]
+
+
+def plan_shards(
+    splits: dict[str, list[int]], bytes_per_record: float, options: ConvertOptions
+) -> list[Shard]:
+    """Every shard of every split, train first (the order the LeakGuard needs)."""
+    planned = []
+    for split, indices in splits.items():
+        runs = shard_runs(
+            len(indices),
+            bytes_per_record,
+            shard_size_mb=options.shard_size_mb,
+            min_shards=options.min_shards,
+        )
+        for number, (start, stop) in enumerate(runs):
+            planned.append(Shard(split, shard_name(split, number, len(runs)), indices[start:stop]))
+    return planned

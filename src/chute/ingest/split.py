@@ -1,0 +1,167 @@
+"""Stratified, deterministic train/val/test splits without leaks.
+
+Each class gives the same share of its images to val and test (the global
+counts are exact: remainders go to the classes with the largest fractional
+parts), and every class keeps at least one training image.
+
+Identical images (same content hash) never sit on both sides of a split:
+:class:`LeakGuard` sees every record as it is written, train first, and drops
+a copy from val or test when a higher split already holds the content.
+Hashing while encoding means each file is read only once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+
+from chute.errors import ChuteError
+from chute.ingest.sources import SPLITS, Item
+
+_RANK = {name: rank for rank, name in enumerate(SPLITS)}  # train outranks val outranks test
+
+
+@dataclasses.dataclass
+class Split:
+    """Item indices per split, in record order (deduplication happens later, see LeakGuard)."""
+
+    indices: dict[str, list[int]]
+
+
+def _allocate(sizes: list[int], fraction: float, caps: list[int], rng: random.Random) -> list[int]:
+    """How many items each class gives: exact global total, stratified, within caps."""
+    if fraction <= 0:
+        return [0] * len(sizes)
+    target = min(round(sum(sizes) * fraction), sum(caps))
+    shares = [min(math.floor(n * fraction), cap) for n, cap in zip(sizes, caps, strict=True)]
+    tiebreak = list(range(len(sizes)))
+    rng.shuffle(tiebreak)
+    order = sorted(
+        range(len(sizes)),
+        key=lambda c: (-(sizes[c] * fraction - math.floor(sizes[c] * fraction)), tiebreak[c]),
+    )
+    missing = target - sum(shares)
+    while missing > 0:
+        progressed = False
+        for c in order:
+            if missing and shares[c] < caps[c]:
+                shares[c] += 1
+                missing -= 1
+                progressed = True
+        if not progressed:
+            break
+    return shares
+
+
+def split_items(
+    items: Sequence[Item],
+    usable: Sequence[bool],
+    class_names: Sequence[str],
+    *,
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+) -> Split:
+    """Assigns usable items to splits.
+
+    Items that carry a split (a pre-split source) keep it; fractions carve
+    the splits the source lacks out of its train split.
+
+    Raises:
+        ChuteError: a fraction is asked for a split the source already has, or
+            a class is left with no training image.
+    """
+    present = {item.split for item in items if item.split}
+    for name, fraction in (("val", val_fraction), ("test", test_fraction)):
+        if fraction and name in present:
+            raise ChuteError(
+                f"`{name}_fraction` asks to carve a {name} split, but the source already has one. "
+                f"Received: {name}_fraction={fraction}; pass 0 to keep the source's split"
+            )
+    by_split: dict[str, list[int]] = defaultdict(list)
+    train_by_class: list[list[int]] = [[] for _ in class_names]
+    for index, item in enumerate(items):
+        if not usable[index]:
+            continue
+        split = item.split or "train"
+        if split == "train":
+            train_by_class[item.label].append(index)
+        else:
+            by_split[split].append(index)
+
+    sizes = [len(members) for members in train_by_class]
+    rng = random.Random(f"{seed}/allocate")
+    val = _allocate(sizes, val_fraction, [max(0, n - 1) for n in sizes], rng)
+    test = _allocate(
+        sizes, test_fraction, [max(0, n - 1 - v) for n, v in zip(sizes, val, strict=True)], rng
+    )
+    for label, members in enumerate(train_by_class):
+        members = sorted(members, key=lambda i: items[i].key)
+        random.Random(f"{seed}/split/{class_names[label]}").shuffle(members)
+        by_split["val"] += members[: val[label]]
+        by_split["test"] += members[val[label] : val[label] + test[label]]
+        by_split["train"] += members[val[label] + test[label] :]
+
+    missing = sorted(
+        {class_names[i] for i in range(len(class_names))}
+        - {class_names[items[i].label] for i in by_split["train"]}
+    )
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise ChuteError(
+            f"{len(missing)} class(es) have no usable training image: {shown}. Add images, "
+            "remove the class folder, or check the rejects listed in the log"
+        )
+
+    ordered: dict[str, list[int]] = {}
+    for name in SPLITS:
+        members = sorted(by_split.get(name, []), key=lambda i: items[i].key)
+        if members:
+            random.Random(f"{seed}/order/{name}").shuffle(members)  # class-mixed shards
+            ordered[name] = members
+    return Split(ordered)
+
+
+class LeakGuard:
+    """Keeps identical images out of two splits, and reports every duplicate.
+
+    Feed it every record in writing order (all of train, then val, then
+    test): a record whose content a higher-ranked split already holds is
+    refused.
+
+    Example:
+        >>> guard = LeakGuard()
+        >>> guard.admit(b"h", "a/1.png", 0, "train"), guard.admit(b"h", "a/2.png", 0, "val")
+        (True, False)
+    """
+
+    def __init__(self) -> None:
+        self._first: dict[bytes, tuple[str, str, int]] = {}  # digest -> split, key, label
+        self._copies: dict[bytes, list[tuple[str, str, int, bool]]] = {}
+
+    def admit(self, digest: bytes, key: str, label: int, split: str) -> bool:
+        """Whether the record may be written to ``split``."""
+        first = self._first.setdefault(digest, (split, key, label))
+        if first == (split, key, label):
+            return True
+        keep = _RANK[split] <= _RANK[first[0]]
+        self._copies.setdefault(digest, [(*first, True)]).append((split, key, label, keep))
+        return keep
+
+    def report(self) -> list[dict]:
+        """Each group of identical images: keys, splits, labels, and copies dropped."""
+        groups = []
+        for digest, copies in self._copies.items():
+            groups.append(
+                {
+                    "sha256": digest.hex(),
+                    "keys": [key for _, key, _, _ in copies],
+                    "splits": [split for split, _, _, _ in copies],
+                    "labels": sorted({label for _, _, label, _ in copies}),
+                    "dropped": [key for _, key, _, keep in copies if not keep],
+                }
+            )
+        return sorted(groups, key=lambda group: group["keys"][0])

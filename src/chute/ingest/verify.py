@@ -1,0 +1,218 @@
+"""``chute verify``: re-read every shard and check it against the manifest.
+
+Checks, per shard: the file exists with the manifest's size and sha256;
+every record's CRCs hold and it parses; every image decodes to the
+manifest's spec (size, channels, encoding); every label is in range; the
+record count and per-class counts match.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+
+from chute.format import manifest as manifest_lib
+from chute.format import records, storage
+from chute.lazy import tf
+
+log = logging.getLogger(__name__)
+_READ_BLOCK = 8 << 20
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    """The outcome of :func:`verify`.
+
+    Attributes:
+        location: the dataset directory.
+        num_shards: shards checked.
+        num_records: records read.
+        problems: ``(shard file, what is wrong)`` pairs; empty when all is well.
+    """
+
+    location: str
+    num_shards: int = 0
+    num_records: int = 0
+    problems: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+
+def verify(
+    path: str | os.PathLike | manifest_lib.Manifest,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> VerifyReport:
+    """Re-reads every shard of a converted dataset and checks it against its manifest.
+
+    Args:
+        path: the converted directory (local, ``gs://``, ``ram://``), its
+            ``manifest.json``, or the ``Manifest`` read from it.
+        progress: called as ``progress("verify", shards_done, shards_total)``.
+
+    Returns:
+        A :class:`VerifyReport`; ``report.ok`` is False when any shard is bad,
+        and ``report.problems`` names each bad shard and what is wrong.
+
+    Example:
+        >>> report = verify("./kn-shards")  # doctest: +SKIP
+        >>> report.ok, report.num_records  # doctest: +SKIP
+        (True, 26000)
+    """
+    manifest = manifest_lib.load(path)
+    report = VerifyReport(manifest.location)
+    total_shards = sum(len(split["shards"]) for split in manifest.splits.values())
+    for name, split in manifest.splits.items():
+        count, class_counts, shards_ok = 0, [0] * manifest.num_classes, True
+        for shard in split["shards"]:
+            problems, read, read_counts = _check_shard(manifest, shard)
+            for problem in problems:
+                report.problems.append((shard["file"], problem))
+                log.warning("%s: %s", shard["file"], problem)
+            shards_ok = shards_ok and not problems
+            count += read
+            if read_counts:
+                class_counts = [a + b for a, b in zip(class_counts, read_counts, strict=True)]
+            report.num_shards += 1
+            report.num_records += read
+            if progress:
+                progress("verify", report.num_shards, total_shards)
+        # The split's totals are what readers use for step counts: they must
+        # match what its shards really hold.
+        if shards_ok and split["num_examples"] != count:
+            report.problems.append(
+                (
+                    f"{name} split",
+                    f"num_examples is {split['num_examples']}, its shards hold {count}",
+                )
+            )
+        elif shards_ok and split["class_counts"] != class_counts:
+            report.problems.append(
+                (f"{name} split", "per-class counts differ from what its shards hold")
+            )
+    return report
+
+
+def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> tuple[list[str], int, list[int]]:
+    """Problems of one shard, and the record and per-class counts it really holds."""
+    path = storage.join(manifest.location, shard["file"])
+    if not storage.exists(path):
+        return ["missing: the file is not there"], 0, []
+    problems = []
+    size = storage.size(path)
+    if size != shard["bytes"]:
+        problems.append(f"size is {size} bytes, the manifest says {shard['bytes']} (truncated?)")
+    with _hashed_copy(path) as (readable, digest):
+        if digest != shard["sha256"]:
+            problems.append("sha256 differs from the manifest: the file changed or is corrupt")
+        count, class_counts, problem = _read_records(readable, manifest)
+    if problem:
+        problems.append(problem)
+    elif count != shard["num_records"]:
+        problems.append(f"holds {count} records, the manifest says {shard['num_records']}")
+    elif class_counts != shard["class_counts"]:
+        problems.append("per-class counts differ from the manifest")
+    return problems, count, class_counts
+
+
+@contextlib.contextmanager
+def _hashed_copy(path: str) -> Iterator[tuple[str, str]]:
+    """``(a path to read the records from, the file's sha256)``.
+
+    A local file is hashed where it is (the records are then read from the
+    page cache). A remote one (``gs://``) is copied to a temporary local file
+    while it is hashed, so verifying downloads each shard once, not twice.
+    """
+    digest = hashlib.sha256()
+    if storage.is_local(path):
+        with storage.open_file(path, "rb") as handle:
+            while block := handle.read(_READ_BLOCK):
+                digest.update(block)
+        yield path, digest.hexdigest()
+        return
+    with tempfile.TemporaryDirectory(prefix="chute-verify-") as tmp:
+        local = os.path.join(tmp, "shard.tfrecord")
+        with storage.open_file(path, "rb") as handle, open(local, "wb") as copy:
+            while block := handle.read(_READ_BLOCK):
+                digest.update(block)
+                copy.write(block)
+        yield local, digest.hexdigest()
+
+
+def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list[int], str | None]:
+    """Parses and decodes every record; returns (count, class counts, first problem)."""
+    import numpy as np
+
+    spec = manifest.image
+    height, width, channels, encoding = (*spec.shape, spec.encoding)
+    num_classes = manifest.num_classes
+    features = records.parse_features(records.IMAGE, records.CLASS, records.SIZE)
+
+    def check(serialized):
+        example = tf.io.parse_single_example(serialized, features)
+        size = example[records.SIZE]
+        if encoding == "raw":
+            ok = tf.equal(
+                tf.cast(tf.strings.length(example[records.IMAGE]), tf.int64),
+                size[0] * size[1] * channels,
+            )
+        else:
+            image = tf.io.decode_image(
+                example[records.IMAGE], channels=channels, expand_animations=False
+            )
+            shape = tf.shape(image, out_type=tf.int64)
+            ok = tf.reduce_all(tf.equal(shape[:2], size))
+        if height is not None:
+            ok = tf.logical_and(ok, tf.reduce_all(tf.equal(size, [height, width])))
+        return example[records.CLASS], ok
+
+    dataset = (
+        tf.data.TFRecordDataset(path)
+        .map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .batch(1024)
+    )
+    count = 0
+    class_counts = np.zeros(num_classes, np.int64)
+    try:
+        for labels, ok in dataset.as_numpy_iterator():
+            bad = np.flatnonzero(~ok)
+            if len(bad):
+                return (
+                    count,
+                    [],
+                    f"record {count + bad[0]} does not match the image spec {spec.describe()}",
+                )
+            out_of_range = np.flatnonzero((labels < 0) | (labels >= num_classes))
+            if len(out_of_range):
+                return (
+                    count,
+                    [],
+                    (
+                        f"record {count + out_of_range[0]} has label {labels[out_of_range[0]]}, "
+                        f"outside 0..{num_classes - 1}"
+                    ),
+                )
+            class_counts += np.bincount(labels, minlength=num_classes)
+            count += len(labels)
+    except tf.errors.DataLossError:
+        return (
+            count,
+            [],
+            f"truncated or corrupt after about {count} records (record CRC or length is wrong)",
+        )
+    except tf.errors.InvalidArgumentError as error:
+        return (
+            count,
+            [],
+            f"a record after about {count} records does not parse or decode: "
+            f"{error.message.splitlines()[0]}",
+        )
+    return count, class_counts.tolist(), None

@@ -1,0 +1,64 @@
+"""The shard writer: one shard written under a temporary name, hashed, and renamed when complete.
+
+Example:
+    >>> with ShardWriter("ram://out/train-00000-of-00001.tfrecord", 2) as w:  # doctest: +SKIP
+    ...     w.write(framed, labels=[0, 1])
+    >>> w.info["num_records"]  # doctest: +SKIP
+    2
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from chute.format import storage
+
+
+class ShardWriter:
+    """Writes one shard under a temporary name and renames it when complete.
+
+    Records arrive already framed (see :mod:`chute.format.records`). The
+    writer keeps the sha256, size, record count and per-class counts the
+    manifest needs. On an error inside the ``with`` block the partial file is
+    deleted; on success its data reach the disk before the rename.
+    """
+
+    def __init__(self, path: str, num_classes: int, *, tmp_dir: str | None = None):
+        self.path = path
+        name = storage.basename(path)
+        self._tmp = storage.join(tmp_dir, name + ".partial") if tmp_dir else path + ".partial"
+        self._hash = hashlib.sha256()
+        self._bytes = 0
+        self._class_counts = [0] * num_classes
+        self._handle: Any = None
+        self.info: dict[str, Any] = {}
+
+    def __enter__(self) -> ShardWriter:
+        self._handle = storage.open_file(self._tmp, "wb")
+        self._handle.write(b"")  # GFile creates the file on the first write, even an empty one
+        return self
+
+    def write(self, framed: bytes, labels: list[int]) -> None:
+        """Appends framed records whose labels are ``labels``."""
+        self._handle.write(framed)
+        self._hash.update(framed)
+        self._bytes += len(framed)
+        for label in labels:
+            self._class_counts[label] += 1
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._handle.close()
+            storage.remove_if_exists(self._tmp)
+            return
+        storage.sync(self._handle)
+        self._handle.close()
+        storage.rename(self._tmp, self.path)
+        self.info = {
+            "file": storage.basename(self.path),
+            "num_records": sum(self._class_counts),
+            "bytes": self._bytes,
+            "sha256": self._hash.hexdigest(),
+            "class_counts": self._class_counts,
+        }

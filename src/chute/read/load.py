@@ -1,0 +1,191 @@
+"""``chute.load``: a converted split as a ``tf.data.Dataset`` that outruns the accelerator.
+
+``load`` checks its arguments into a :class:`~chute.read.plan.ReadPlan`, builds
+the pipeline of :mod:`chute.read.graph` from it, and tells the dataset its
+real size. In order (the reasons are in :func:`chute.read.graph.build`): shard
+order reshuffled every epoch, parallel interleave of shards read and checked
+in blocks, PNG/JPEG decoded per image on every core, cache, shuffle windows
+cut into full batches (training) or every example once (evaluation),
+augmentation and labels, prefetch.
+
+Training batches drop the remainder (static shapes for TPU/XLA); evaluation
+(``training=False``) sees every example exactly once: in order, no shuffle,
+with a final smaller batch, or, with ``pad_final_batch=True``, a full batch
+padded with zeros and a third element of per-example weights (1 real, 0 pad)
+that Keras's ``evaluate`` uses as ``sample_weight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from chute.errors import ChuteError
+from chute.format import manifest as manifest_lib
+from chute.format import storage
+from chute.lazy import tf
+from chute.read.augment import make_augmenter
+from chute.read.graph import build
+from chute.read.plan import ReadPlan, make_plan
+
+log = logging.getLogger(__name__)
+
+# skipped = corrupt + started - decoded
+_COUNTED = {"corrupt": 1, "started": 1, "decoded": -1}
+
+
+def load(
+    path: str | os.PathLike | manifest_lib.Manifest,
+    split: str = "train",
+    *,
+    batch_size: int = 128,
+    training: bool | None = None,
+    image_size: Any = None,
+    dtype: str = "uint8",
+    label_mode: str | None = "int",
+    augment: list | tuple | None = None,
+    cache: str | None = "auto",
+    seed: int | None = None,
+    shuffle_buffer: int = 8192,
+    pad_final_batch: bool = False,
+    repeat: bool = False,
+    skip_corrupt: bool = False,
+    input_context: Any = None,
+    strategy: Any = None,
+):
+    """Reads a converted split as batches of ``(images, labels)`` with static shapes.
+
+    Args:
+        path: a directory written by ``chute convert`` (local, ``gs://``,
+            ``ram://``), its ``manifest.json``, or the ``Manifest`` read from it.
+        split: ``"train"``, ``"val"`` or ``"test"``.
+        batch_size: examples per batch **per replica**; the global batch is
+            ``batch_size * replicas`` (see ``input_context`` and ``strategy``).
+        training: shuffle, drop the remainder and augment; default: ``split == "train"``.
+        image_size: ``(height, width)`` to resize to; default: as stored.
+        dtype: ``"uint8"`` (0-255, the default: models rescale inside), or
+            ``"float32"``/``"bfloat16"`` scaled to [0, 1].
+        label_mode: ``"int"``, ``"categorical"`` (one-hot), ``"binary"`` (two
+            classes, float 0/1) or ``None`` (images only), as in Keras.
+        augment: names from ``flip``, ``rotation``, ``zoom``, ``translation``,
+            ``contrast``, ``brightness``, or Keras layers; training only.
+        cache: ``"auto"`` (keep decoded images in RAM when the split fits a
+            quarter of physical memory), ``"memory"``, ``"disk:PATH"`` or ``None``.
+        seed: makes shuffling, interleave order and augmentation reproducible
+            (with a seed, augmentation runs one batch at a time).
+        shuffle_buffer: records mixed together (training): batches are drawn
+            from windows of this many records read from several shards, at
+            most 128 MB of pixels each (about four windows are held at once).
+        pad_final_batch: evaluation only: pad the last batch to full size and
+            yield ``(images, labels, weights)`` with weight 0 on the padding.
+        repeat: repeat forever (training); ``len()`` is then infinite.
+        skip_corrupt: instead of raising, skip what is damaged and count it in
+            ``ds.corrupt_count()`` (exact after a full pass): a missing shard,
+            the rest of a shard after a record that fails its CRC or is
+            truncated, images of the wrong length or that do not decode. A
+            record with a valid CRC that is not a ``tf.train.Example`` still
+            raises. ``len(ds)`` is then unknown. Input pipelines that share
+            records (fewer shards than pipelines) each count every shard's.
+        input_context: a ``tf.distribute.InputContext``: read this input
+            pipeline's part (by shard when there are enough shards, else by record).
+        strategy: a ``tf.distribute.Strategy``: return
+            ``strategy.distribute_datasets_from_function`` over this function.
+
+    Returns:
+        A ``tf.data.Dataset`` with ``class_names``, ``num_examples``,
+        ``per_replica_batch_size``, ``global_batch_size`` and ``corrupt_count()``;
+        ``len(ds)`` is the exact number of batches of an epoch (unless
+        ``skip_corrupt`` or ``repeat``).
+
+    Raises:
+        ChuteError: for a bad argument, a path that is not a chute dataset, or
+            a shard that exists but cannot be read (unless ``skip_corrupt``).
+        tf.errors.InvalidArgumentError: while iterating, naming the shard, when
+            a shard is corrupt, truncated or missing, or an image does not
+            match the manifest (unless ``skip_corrupt``).
+
+    Example:
+        >>> train = chute.load("./kn-shards", "train", batch_size=256)  # doctest: +SKIP
+        >>> model.fit(train, validation_data=chute.load("./kn-shards", "val"))  # doctest: +SKIP
+    """
+    if strategy is not None:
+        return _distributed(path, split, strategy, locals())
+    manifest = manifest_lib.load(path)
+    plan = make_plan(
+        manifest,
+        split,
+        batch_size=batch_size,
+        training=training,
+        image_size=image_size,
+        dtype=dtype,
+        label_mode=label_mode,
+        cache=cache,
+        seed=seed,
+        shuffle_buffer=shuffle_buffer,
+        pad_final_batch=pad_final_batch,
+        repeat=repeat,
+        skip_corrupt=skip_corrupt,
+        input_context=input_context,
+    )
+    augmenter = make_augmenter(augment, plan.seed)  # checked in evaluation too
+    plan, lost = _without_unreadable(plan)
+    counters = _counters(lost) if plan.skip_corrupt else {}
+    dataset = build(plan, counters=counters, augmenter=augmenter if plan.training else None)
+    dataset.class_names = list(manifest.class_names)
+    dataset.num_examples = plan.num_examples
+    dataset.per_replica_batch_size = plan.batch_size
+    dataset.global_batch_size = plan.batch_size * plan.replicas
+    dataset.corrupt_count = lambda: int(
+        sum(counters[name].numpy() * sign for name, sign in _COUNTED.items() if name in counters)
+    )
+    return dataset
+
+
+def _without_unreadable(plan: ReadPlan) -> tuple[ReadPlan, int]:
+    """``plan`` without the shards that exist but cannot be read, and the records those hold.
+
+    Such a shard is an error naming it, or, with ``skip_corrupt``, skipped and
+    counted: read under ``ignore_errors``, TensorFlow would retry opening it
+    forever. (Missing shards are handled while reading, where they read as empty.)
+    """
+    bad = storage.unreadable(plan.files)
+    if not bad:
+        return plan, 0
+    if not plan.skip_corrupt:
+        path, error = next(iter(bad.items()))
+        raise ChuteError(
+            f"shard {path} cannot be read ({error}). Check its permissions, "
+            "run `chute verify`, or pass skip_corrupt=True"
+        )
+    kept = [(path, n) for path, n in zip(plan.files, plan.counts, strict=True) if path not in bad]
+    lost = sum(plan.counts) - sum(n for _, n in kept)
+    log.warning("skipping %d unreadable shard(s) (%d records): %s", len(bad), lost, sorted(bad))
+    files, counts = (tuple(p for p, _ in kept), tuple(n for _, n in kept))
+    return dataclasses.replace(plan, files=files, counts=counts), lost
+
+
+def _counters(lost: int) -> dict:
+    """Variables counting what ``skip_corrupt`` skips (see :data:`_COUNTED`)."""
+    return {
+        name: tf.Variable(
+            lost if name == "corrupt" else 0, dtype=tf.int64, trainable=False, name=f"chute_{name}"
+        )
+        for name in _COUNTED
+    }
+
+
+def _distributed(path, split, strategy, arguments):
+    """``strategy.distribute_datasets_from_function`` over ``load``, one pipeline per worker."""
+    kwargs = {k: v for k, v in arguments.items() if k not in ("path", "split", "strategy")}
+    manifest = manifest_lib.load(path)  # read once, not once per input pipeline
+
+    def dataset_fn(input_context):
+        return load(manifest, split, **dict(kwargs, input_context=input_context))
+
+    distributed = strategy.distribute_datasets_from_function(dataset_fn)
+    distributed.class_names = list(manifest.class_names)
+    distributed.per_replica_batch_size = kwargs["batch_size"]
+    distributed.global_batch_size = kwargs["batch_size"] * strategy.num_replicas_in_sync
+    return distributed

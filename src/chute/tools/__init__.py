@@ -1,0 +1,1 @@
+"""Around the stages: ``inspect``, ``report`` (plots), ``samples``, the ``demo`` and ``bench``."""

@@ -1,0 +1,291 @@
+"""``chute bench``: how fast each way of feeding images runs, side by side, on the same data.
+
+Loaders measured in one run: ``chute.load`` from shards (a first pass, and a
+pass from its in-memory cache), ``chute.image_dataset_from_directory``,
+Keras's ``image_dataset_from_directory``, ``ImageDataGenerator.flow_from_directory``
+(when ``tf_keras`` is installed), and an in-memory
+``Dataset.from_tensor_slices`` baseline with the same batching. Every loader
+runs two passes; ratios compare chute's passes with each baseline's faster
+pass. With ``model``, the model's training step is timed on synthetic
+batches, to tell which side (input or compute) is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+from chute import collector
+from chute.errors import ChuteError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Row:
+    """One loader's passes: images per pass and seconds per pass (pass 1
+    includes ``build``, the seconds spent creating the dataset)."""
+
+    name: str
+    images: int
+    seconds: list[float]
+    build: float = 0.0
+
+    @property
+    def rates(self) -> list[float]:
+        """Images per second of each pass."""
+        return [self.images / s for s in self.seconds]
+
+    @property
+    def best(self) -> float:
+        """The faster pass, in images per second."""
+        return max(self.rates)
+
+
+def _timed_passes(make: Callable, passes: int = 2) -> tuple[int, list[float], float]:
+    """Creates the dataset (timed with the first pass, and on its own) and
+    iterates it ``passes`` times."""
+    with collector.paused(collect_first=True):  # as timeit does
+        started = time.perf_counter()
+        dataset = make()
+        build = time.perf_counter() - started
+        seconds, images = [], 0
+        for _ in range(passes):
+            images = 0
+            for batch in dataset:
+                images += int(batch[0].shape[0])
+            seconds.append(time.perf_counter() - started)
+            started = time.perf_counter()
+    return images, seconds, build
+
+
+def _idg_passes(src: str, size: tuple[int, int], color_mode: str, batch: int):
+    try:
+        import scipy  # noqa: F401  (ImageDataGenerator's transforms need it)
+        from tf_keras.preprocessing.image import ImageDataGenerator
+    except ImportError:
+        return None
+    with collector.paused(collect_first=True):  # as timeit does
+        started = time.perf_counter()
+        flow = ImageDataGenerator().flow_from_directory(
+            src, target_size=size, color_mode=color_mode, batch_size=batch, class_mode="sparse"
+        )
+        seconds = []
+        for _ in range(2):
+            for _ in range(len(flow)):
+                next(flow)
+            seconds.append(time.perf_counter() - started)
+            started = time.perf_counter()
+    return flow.samples, seconds
+
+
+def run(
+    source: str | None = None,
+    *,
+    work_dir: str | None = None,
+    image_size: int = 75,
+    color_mode: str = "grayscale",
+    batch_size: int = 256,
+    model: str | None = None,
+    say: Callable[[str], None] = lambda line: None,
+) -> dict:
+    """Runs the benchmark; returns its figures (also what ``--json`` writes).
+
+    Args:
+        source: a class-per-folder image tree; default: generate the 657-class
+            glyph set of the convert benchmark (26,280 100x100 PNGs).
+        work_dir: where generated data and shards go (default: a temp dir).
+        image_size: square size every loader resizes to.
+        color_mode: ``"grayscale"`` or ``"rgb"``.
+        batch_size: batch size of every loader.
+        model: also time this model's training step (a ``keras.applications`` name).
+        say: receives progress lines.
+
+    Example:
+        >>> figures = run(say=print)  # doctest: +SKIP
+    """
+    import keras
+    import tensorflow as tf
+
+    from chute.ingest.convert import convert
+    from chute.read import dropin
+    from chute.read.load import load
+    from chute.tools import samples
+
+    work_dir = work_dir or os.path.join(tempfile.gettempdir(), "chute-bench")
+    if source is None:
+        source = os.path.join(work_dir, "glyphs-657")
+        if not os.path.exists(os.path.join(source, ".complete")):
+            say(f"generating the benchmark images in {source} (once)")
+            samples.make_sample_folder(
+                source, num_classes=657, images_per_class=40, image_size=(100, 100)
+            )
+            open(os.path.join(source, ".complete"), "w").close()
+    elif not os.path.isdir(source):
+        raise ChuteError(f"`source` must be a folder of class folders. Received: source={source!r}")
+    shards = os.path.join(work_dir, "shards")
+    say(f"converting {source} to {shards}")
+    convert(
+        source, shards, image_size=image_size, color_mode=color_mode, encoding="raw", overwrite=True
+    )
+    if hasattr(os, "sync"):
+        os.sync()  # the new shards written back now, not by the kernel during a timed pass
+    size = (image_size, image_size)
+    rows: list[Row] = []
+
+    def measure(name: str, make: Callable) -> None:
+        say(f"timing {name}")
+        rows.append(Row(name, *_timed_passes(make)))
+
+    # Warm-up passes so one-time costs are charged to nobody, as the baselines'
+    # fall in their slower pass: TensorFlow's start-up (modules and kernels it
+    # loads on first use). Two per chute.load configuration timed below.
+    for cache in (None, "memory", None, "memory"):
+        _timed_passes(lambda c=cache: load(shards, batch_size=batch_size, cache=c), 1)
+    measure(
+        "chute.load (pass 1: shards; pass 2: cache)",
+        lambda: load(shards, batch_size=batch_size, cache="memory"),
+    )
+    measure("chute.load, no cache", lambda: load(shards, batch_size=batch_size, cache=None))
+    measure(
+        "chute.image_dataset_from_directory",
+        lambda: dropin.image_dataset_from_directory(
+            source, image_size=size, color_mode=color_mode, batch_size=batch_size, verbose=False
+        ),
+    )
+    measure(
+        "keras image_dataset_from_directory",
+        lambda: keras.utils.image_dataset_from_directory(
+            source, image_size=size, color_mode=color_mode, batch_size=batch_size, verbose=False
+        ),
+    )
+    idg = _idg_passes(source, size, color_mode, batch_size)
+    if idg is not None:
+        rows.append(Row("tf_keras ImageDataGenerator.flow_from_directory", *idg))
+    else:
+        say("ImageDataGenerator skipped: install tf-keras and scipy (pip install chute[bench])")
+    n = rows[0].images
+    channels = 1 if color_mode == "grayscale" else 3
+    images = tf.zeros((rows[1].images, *size, channels), tf.uint8)
+    labels = tf.zeros((rows[1].images,), tf.int32)
+    measure(
+        "in-memory Dataset.from_tensor_slices (baseline)",
+        lambda: (
+            tf.data.Dataset.from_tensor_slices((images, labels))
+            .shuffle(len(labels))
+            .batch(batch_size, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE)
+        ),
+    )
+
+    by_name = {row.name.split(" (")[0]: row for row in rows}
+    load_row = rows[0]
+    first, cached = load_row.rates[0], load_row.rates[1]
+    ratios = {}
+    for baseline in (
+        "keras image_dataset_from_directory",
+        "tf_keras ImageDataGenerator.flow_from_directory",
+    ):
+        if baseline in by_name:
+            ratios[f"chute.load first pass / {baseline}"] = first / by_name[baseline].best
+            # cache=None: the pipeline for splits that do not fit in memory
+            ratios[f"chute.load first pass, no cache / {baseline}"] = (
+                by_name["chute.load, no cache"].rates[0] / by_name[baseline].best
+            )
+    # The same first pass without the one-time building of the dataset (tracing
+    # its functions): the reading itself, which is what grows with the data.
+    reading = load_row.images / (load_row.seconds[0] - load_row.build)
+    for baseline in (
+        "keras image_dataset_from_directory",
+        "tf_keras ImageDataGenerator.flow_from_directory",
+    ):
+        if baseline in by_name:
+            name = f"chute.load first pass without building the dataset / {baseline}"
+            ratios[name] = reading / by_name[baseline].best
+    ratios["chute.load cached pass / from_tensor_slices"] = (
+        cached / by_name["in-memory Dataset.from_tensor_slices"].best
+    )
+    ratios["chute drop-in / keras image_dataset_from_directory"] = (
+        by_name["chute.image_dataset_from_directory"].best
+        / by_name["keras image_dataset_from_directory"].best
+    )
+    figures = {
+        "source": source,
+        "images": n,
+        "image_size": list(size),
+        "color_mode": color_mode,
+        "batch_size": batch_size,
+        "cores": os.cpu_count(),
+        "loaders": [
+            {
+                "name": r.name,
+                "images": r.images,
+                "seconds": [round(s, 4) for s in r.seconds],
+                "build_seconds": round(r.build, 4),
+                "images_per_s": [round(x) for x in r.rates],
+            }
+            for r in rows
+        ],
+        "ratios": {k: round(v, 2) for k, v in ratios.items()},
+    }
+    if model:
+        figures["model"] = _model_figures(
+            model, size, channels, batch_size, len(load_row.rates) and first, cached
+        )
+    return figures
+
+
+def _model_figures(name, size, channels, batch_size, first_rate, cached_rate) -> dict:
+    import keras
+    import numpy as np
+
+    factory = getattr(keras.applications, name, None)
+    if factory is None:
+        raise ChuteError(
+            "`model` must be a keras.applications name (e.g. MobileNetV2). "
+            f"Received: model={name!r}"
+        )
+    model = factory(weights=None, input_shape=(*size, channels), classes=10)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    x = np.random.default_rng(0).integers(0, 255, (batch_size, *size, channels)).astype("float32")
+    y = np.zeros((batch_size,), "int32")
+    model.train_on_batch(x, y)  # compile the step
+    steps, started = 5, time.perf_counter()
+    for _ in range(steps):
+        model.train_on_batch(x, y)
+    train_rate = steps * batch_size / (time.perf_counter() - started)
+    feed = first_rate / train_rate
+    return {
+        "model": name,
+        "train_images_per_s": round(train_rate),
+        "feed_ratio_first_pass": round(feed, 2),
+        "feed_ratio_cached": round(cached_rate / train_rate, 2),
+        "bottleneck": "input pipeline" if feed < 1 else "model compute",
+    }
+
+
+def table(figures: dict) -> str:
+    """The figures as a readable table."""
+    lines = [
+        f"{figures['images']} images, {figures['image_size'][0]}x{figures['image_size'][1]} "
+        f"{figures['color_mode']}, batch {figures['batch_size']}, {figures['cores']} cores",
+        "",
+        f"{'loader':<52} {'pass 1 img/s':>13} {'pass 2 img/s':>13}",
+    ]
+    for row in figures["loaders"]:
+        rates = row["images_per_s"]
+        lines.append(f"{row['name']:<52} {rates[0]:>13,} {rates[-1]:>13,}")
+    lines.append("")
+    lines += [f"{name}: {value}x" for name, value in figures["ratios"].items()]
+    if "model" in figures:
+        m = figures["model"]
+        lines.append(
+            f"{m['model']} trains at {m['train_images_per_s']:,} img/s; chute.load feeds "
+            f"{m['feed_ratio_first_pass']}x that (cached: {m['feed_ratio_cached']}x): "
+            f"the bottleneck is the {m['bottleneck']}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""``chute inspect``: a readable summary of a converted dataset, from its manifest alone.
+
+It reads no shard, so it is instant even for a dataset on a bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+from chute.format import manifest as manifest_lib
+
+_LIST_CLASSES_UP_TO = 20
+
+
+def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int = 10) -> str:
+    """Summarises a converted dataset: classes, counts, image spec, shards, rejects.
+
+    With many classes the per-class table is replaced by min/median/max and
+    the smallest and largest classes.
+
+    Example:
+        >>> print(inspect("./kn-shards"))  # doctest: +SKIP
+        ./kn-shards: 657 classes, 75x75x1 raw ...
+    """
+    manifest = manifest_lib.load(path)
+    spec = manifest.image
+    size = f"{spec.height}x{spec.width}" if spec.fixed_size else "original sizes"
+    lines = [
+        f"{manifest.location}: {manifest.num_classes} classes, {size}, {spec.channels} "
+        f"channel(s), {spec.encoding} ({manifest.created_by})",
+        f"source: {manifest.source.get('location')} ({manifest.source.get('kind')}, "
+        f"{manifest.source.get('num_items')} items)",
+        "",
+        f"{'split':<6} {'images':>8} {'shards':>7} {'MB/shard (min-max)':>19} "
+        f"{'per class (min/median/max)':>27}",
+    ]
+    for name, split in manifest.splits.items():
+        sizes = [s["bytes"] / 1e6 for s in split["shards"]]
+        counts = split["class_counts"]
+        lines.append(
+            f"{name:<6} {split['num_examples']:>8} {len(sizes):>7} "
+            f"{f'{min(sizes):.2f}-{max(sizes):.2f}':>19} "
+            f"{f'{min(counts)}/{statistics.median(counts):g}/{max(counts)}':>27}"
+        )
+    lines.append("")
+    split_names = list(manifest.splits)
+    if manifest.num_classes <= _LIST_CLASSES_UP_TO:
+        lines.append(f"{'label':>5}  {'class':<24}" + "".join(f"{n:>8}" for n in split_names))
+        for label, name in enumerate(manifest.class_names):
+            counts = "".join(f"{manifest.splits[n]['class_counts'][label]:>8}" for n in split_names)
+            lines.append(f"{label:>5}  {name:<24}{counts}")
+    else:
+        train = manifest.splits["train"]["class_counts"]
+        order = sorted(range(manifest.num_classes), key=lambda i: (train[i], i))
+        show = lambda ids: ", ".join(f"{manifest.class_names[i]} ({train[i]})" for i in ids)  # noqa: E731
+        lines.append(f"smallest classes in train: {show(order[:5])}")
+        lines.append(f"largest classes in train:  {show(order[-5:][::-1])}")
+    lines.append("")
+    lines.append(f"rejected inputs: {len(manifest.rejects)}")
+    for reject in manifest.rejects[:max_rejects]:
+        lines.append(f"  {reject['key']}: {reject['reason']}")
+    if len(manifest.rejects) > max_rejects:
+        lines.append(f"  ... see {manifest.location}/rejects.csv for all")
+    dropped = sum(len(d["dropped"]) for d in manifest.duplicates)
+    lines.append(
+        f"duplicate groups: {len(manifest.duplicates)} ({dropped} copies dropped from val/test "
+        "to keep them out of two splits)"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,278 @@
+"""Pictures of a dataset: a grid of sample images per class with class names.
+
+Class names are drawn with the first font on the machine that has all their
+characters (Pillow's own font covers Latin; for Kannada, Devanagari, CJK and
+other scripts it looks for a system font that does). When no font can draw a
+name, the row is captioned with the label index alone, so a grid never
+shows empty boxes in place of a name.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import logging
+import os
+from functools import cache
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from chute import checks
+from chute.format import manifest as manifest_lib
+from chute.format import records, storage
+from chute.lazy import tf
+
+log = logging.getLogger(__name__)
+
+_FONT_DIRS = (
+    "/usr/share/fonts",
+    "/usr/local/share/fonts",
+    "~/.fonts",
+    "~/.local/share/fonts",
+    "/Library/Fonts",
+    "/System/Library/Fonts",
+    "C:/Windows/Fonts",
+)
+_MISSING = "\U0010fffd"  # a private-use code point no font draws: its mask is .notdef's
+_CAPTION_SIZE = 14
+
+
+@cache
+def _system_fonts() -> tuple[str, ...]:
+    found: list[str] = []
+    for folder in _FONT_DIRS:
+        for ext in ("ttf", "otf", "ttc"):
+            found += glob.glob(
+                os.path.join(os.path.expanduser(folder), "**", f"*.{ext}"), recursive=True
+            )
+    return tuple(sorted(found))
+
+
+@cache
+def _font(path: str | None) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    if path is None:
+        return ImageFont.load_default(size=_CAPTION_SIZE)
+    return ImageFont.truetype(path, _CAPTION_SIZE)
+
+
+def covers(font, text: str) -> bool:
+    """True when ``font`` has a glyph (not the .notdef box) for every character of ``text``."""
+    try:
+        missing = bytes(font.getmask(_MISSING))
+        return all(ch.isspace() or bytes(font.getmask(ch)) != missing for ch in text)
+    except (OSError, ValueError, UnicodeError):
+        return False
+
+
+def caption(label: int, name: str) -> tuple[str, ImageFont.ImageFont]:
+    """The caption and font for class ``label`` called ``name``.
+
+    Returns ``"label: name"`` in a font that can draw the name, or the label
+    index alone when no font on this machine can.
+
+    Example:
+        >>> caption(3, "cat")[0]
+        '3: cat'
+    """
+    text = f"{label}: {name}"
+    for path in (None, *_system_fonts()):
+        try:
+            font = _font(path)
+        except OSError:
+            continue
+        if covers(font, text):
+            return text, font
+    log.info("no font here can draw class name %r; showing its label index", name)
+    return f"{label}", _font(None)
+
+
+def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], per_class: int):
+    wanted = {label: [] for label in classes}
+    features = records.parse_features(records.IMAGE, records.CLASS, records.SIZE)
+    channels = manifest.image.channels
+    for path in manifest.shard_paths(split):
+        for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
+            example = tf.io.parse_single_example(raw, features)
+            label = int(example[records.CLASS])
+            if label in wanted and len(wanted[label]) < per_class:
+                data = example[records.IMAGE].numpy()
+                if manifest.image.encoding == "raw":
+                    h, w = example[records.SIZE].numpy()
+                    pixels = np.frombuffer(data, np.uint8).reshape(h, w, channels)
+                    wanted[label].append(
+                        Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels)
+                    )
+                else:
+                    wanted[label].append(Image.open(io.BytesIO(data)).convert("RGB"))
+            if all(len(v) >= per_class for v in wanted.values()):
+                return wanted
+    return wanted
+
+
+def draw_grid(
+    path: str | os.PathLike,
+    out_png: str | os.PathLike,
+    *,
+    split: str = "train",
+    per_class: int = 8,
+    max_classes: int = 24,
+    cell: int = 64,
+) -> str:
+    """Draws ``per_class`` sample images for up to ``max_classes`` classes, one row each.
+
+    With more classes than ``max_classes``, rows are spread evenly over the labels.
+
+    Returns:
+        The path of the PNG written.
+
+    Example:
+        >>> draw_grid("./kn-shards", "grid.png")  # doctest: +SKIP
+        'grid.png'
+    """
+    manifest = manifest_lib.load(path)
+    manifest.check_split(split)
+    for name, value in (("per_class", per_class), ("max_classes", max_classes), ("cell", cell)):
+        checks.positive_int(name, value)
+    count = min(max_classes, manifest.num_classes)
+    classes = sorted(
+        {round(i * (manifest.num_classes - 1) / max(1, count - 1)) for i in range(count)}
+    )
+    samples = _samples(manifest, split, classes, per_class)
+    captions = [caption(label, manifest.class_names[label]) for label in classes]
+    text_width = max(int(font.getlength(text)) for text, font in captions) + 12
+    grid = Image.new(
+        "RGB", (text_width + per_class * (cell + 2), len(classes) * (cell + 2)), "white"
+    )
+    draw = ImageDraw.Draw(grid)
+    for row, label in enumerate(classes):
+        top = row * (cell + 2)
+        text, font = captions[row]
+        draw.text((6, top + cell / 2), text, fill="black", font=font, anchor="lm")
+        for column, image in enumerate(samples[label]):
+            image = image.convert("RGB")
+            scale = cell / max(image.size)
+            image = image.resize(
+                (max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                Image.Resampling.NEAREST,
+            )
+            grid.paste(image, (text_width + column * (cell + 2), top))
+    return _save_png(grid, out_png)
+
+
+def _canvas(width: int, height: int):
+    image = Image.new("RGB", (width, height), "white")
+    return image, ImageDraw.Draw(image)
+
+
+def _save_png(image, path) -> str:
+    path = os.fspath(path)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    storage.write_atomic(path, buffer.getvalue())
+    return path
+
+
+def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> str:
+    """Training curves: loss and accuracy per epoch, training and validation.
+
+    Example:
+        >>> draw_curves({"loss": [1.0, 0.5]}, "curves.png")  # doctest: +SKIP
+        'curves.png'
+    """
+    panels = [name for name in ("loss", "accuracy", "top5") if history.get(name)]
+    width, height, margin = 420, 300, 40
+    image, draw = _canvas(width * max(1, len(panels)), height)
+    font = _font(None)
+    for index, name in enumerate(panels):
+        left = index * width
+        series = {"train": history.get(name, []), "val": history.get(f"val_{name}", [])}
+        values = [v for s in series.values() for v in s]
+        low, high = min(values), max(values)
+        span = (high - low) or 1.0
+        epochs = max(len(s) for s in series.values())
+        box = (left + margin, margin, left + width - 15, height - margin)
+        draw.rectangle(box, outline="black")
+        draw.text((left + margin, 10), f"{name} per epoch", fill="black", font=font)
+        draw.text((left + 5, margin), f"{high:.3g}", fill="black", font=font)
+        draw.text((left + 5, height - margin - 14), f"{low:.3g}", fill="black", font=font)
+        for colour, (label, points) in zip(("#1f77b4", "#d62728"), series.items(), strict=True):
+            if not points:
+                continue
+            xy = [
+                (
+                    box[0] + (box[2] - box[0]) * (i / max(1, epochs - 1)),
+                    box[3] - (box[3] - box[1]) * ((v - low) / span),
+                )
+                for i, v in enumerate(points)
+            ]
+            if len(xy) > 1:
+                draw.line(xy, fill=colour, width=2)
+            for x, y in xy:
+                draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=colour)
+            legend_y = height - margin + 8 + (14 if label == "val" else 0)
+            draw.text((left + margin, legend_y), label, fill=colour, font=font)
+    return _save_png(image, out_png)
+
+
+def draw_confusion(
+    report, out_png: str | os.PathLike, *, max_classes: int = 30, samples: dict | None = None
+) -> str:
+    """The confusion matrix as a heat map; with many classes, the most confused pairs,
+    each with a sample image of both classes when ``samples`` (label -> HxWxC
+    uint8 image) has them.
+
+    ``report`` is a :class:`chute.fit.evaluate.EvalReport`.
+    """
+    names, matrix = report.class_names, report.confusion
+    if len(names) > max_classes:
+        pairs = report.most_confused(25)
+        row_height, thumb = 52, 48
+        image, draw = _canvas(760, 40 + row_height * max(1, len(pairs)))
+        draw.text(
+            (10, 10),
+            f"most confused pairs ({report.split}): true -> predicted, times",
+            fill="black",
+            font=_font(None),
+        )
+        for row, (true, predicted, times) in enumerate(pairs):
+            top = 34 + row_height * row
+            for column, name in enumerate((true, predicted)):
+                sample = (samples or {}).get(names.index(name))
+                if sample is not None:
+                    picture = Image.fromarray(
+                        sample.squeeze(-1) if sample.shape[-1] == 1 else sample
+                    )
+                    picture = picture.convert("RGB").resize(
+                        (thumb, thumb), Image.Resampling.NEAREST
+                    )
+                    image.paste(picture, (10 + column * (thumb + 6), top))
+            text_true, font_true = caption(names.index(true), true)
+            text_pred, _ = caption(names.index(predicted), predicted)
+            draw.text(
+                (10 + 2 * (thumb + 6) + 10, top + thumb / 2),
+                f"{text_true}  ->  {text_pred}   x{times}",
+                fill="black",
+                font=font_true,
+                anchor="lm",
+            )
+        return _save_png(image, out_png)
+    cell, left, top = 22, 170, 30
+    size = len(names)
+    image, draw = _canvas(left + cell * size + 10, top + cell * size + 10)
+    peak = max(1, max(max(row) for row in matrix))
+    for i, row in enumerate(matrix):
+        text, font = caption(i, names[i])
+        draw.text((5, top + i * cell + cell / 2), text, fill="black", font=font, anchor="lm")
+        for j, count in enumerate(row):
+            shade = 255 - int(255 * count / peak)
+            colour = (shade, shade, 255) if i == j else (255, shade, shade)
+            x, y = left + j * cell, top + i * cell
+            draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=colour, outline="#dddddd")
+    draw.text(
+        (left, 8),
+        f"confusion ({report.split}): rows true, columns predicted",
+        fill="black",
+        font=_font(None),
+    )
+    return _save_png(image, out_png)

@@ -1,0 +1,224 @@
+"""chute train / evaluate / predict / export end to end on tiny data, resume, config, CLI errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import make_folder, run_cli
+
+import chute
+from chute import ChuteError, TrainConfig
+from chute.fit import train as training
+
+FAST = {"model": "kannada-cnn", "epochs": 2, "batch_size": 8, "strategy": "cpu", "verbose": 0}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train-data")
+    src = make_folder(root / "src", {"a": 16, "b": 16, "c": 16}, size=(16, 16))
+    chute.convert(src, root / "shards", val_fraction=0.25, workers=1)
+    return root / "shards"
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory) -> tuple[Path, chute.TrainResult]:
+    run = tmp_path_factory.mktemp("runs") / "run"
+    return run, chute.train(data, run, **FAST)
+
+
+def test_train_writes_the_whole_run_directory(trained):
+    run, result = trained
+    assert result.epochs_run == 2 and result.replicas == 1 and result.global_batch_size == 8
+    assert result.strategy == "cpu" and result.precision == "float32"
+    assert 0.0 <= result.best_val_accuracy <= 1.0 and result.images_per_second > 0
+    for name in (
+        "bundle/chute.json",
+        "bundle/model.keras",
+        "checkpoints/best.keras",
+        "checkpoints/last.keras",
+        "history.csv",
+        "history.json",
+        "curves.png",
+        "confusion-val.png",
+        "per-class-val.csv",
+        "evaluation-val.json",
+        "config.json",
+        "summary.json",
+    ):
+        assert (run / name).is_file(), name
+    assert any((run / "logs").rglob("*tfevents*"))  # TensorBoard
+    config = json.loads((run / "config.json").read_text())
+    assert config["effective"] == {
+        "strategy": "cpu",
+        "precision": "float32",
+        "replicas": 1,
+        "global_batch_size": 8,
+    }
+    history = json.loads((run / "history.json").read_text())
+    assert len(history["loss"]) == 2 and "val_accuracy" in history
+    assert chute.load_bundle(run).class_names == ["a", "b", "c"]
+
+
+def test_a_finished_run_is_not_overwritten_by_accident(trained, data):
+    run, _ = trained
+    with pytest.raises(ChuteError, match="holds a finished run"):
+        chute.train(data, run, **FAST)
+
+
+def test_overwrite_starts_the_run_afresh(data, tmp_path):
+    run = tmp_path / "run"
+    chute.train(data, run, **{**FAST, "epochs": 1})
+    chute.train(data, run, overwrite=True, **{**FAST, "epochs": 1})
+    rows = (run / "history.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 1  # the old run's history is gone, not appended to
+
+
+def test_an_interrupted_run_continues_where_it_stopped(data, tmp_path, monkeypatch):
+    class Killed(BaseException):
+        pass
+
+    real_timer = training._EpochTimer
+
+    def dying_timer():
+        timer = real_timer()
+        original = timer.on_epoch_end
+
+        def on_epoch_end(epoch, logs=None):
+            original(epoch, logs)
+            if epoch == 1:
+                raise Killed  # after BackupAndRestore saved epoch 1 (it runs first)
+
+        timer.on_epoch_end = on_epoch_end
+        return timer
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "_EpochTimer", dying_timer)
+        with pytest.raises(Killed):
+            chute.train(data, run, **{**FAST, "epochs": 4})
+    assert (run / "backup").exists() and not (run / "bundle").exists()
+    result = chute.train(data, run, **{**FAST, "epochs": 4})
+    assert result.resumed
+    assert result.epochs_run == 2  # epochs 3 and 4 only
+    rows = (run / "history.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 4  # header + every epoch once
+
+
+def test_config_file_and_flags(tmp_path):
+    toml = tmp_path / "train.toml"
+    toml.write_text('model = "cifar-cnn"\nepochs = 3\nlearning_rate = 0.01\naugment = ["flip"]\n')
+    config = TrainConfig.from_toml(str(toml), epochs=5, batch_size=None)
+    assert (config.model, config.epochs, config.learning_rate) == ("cifar-cnn", 5, 0.01)
+    assert config.augment == ("flip",)
+    toml.write_text("epochz = 3\n")
+    with pytest.raises(ChuteError, match=r"Unknown training option.*epochz"):
+        TrainConfig.from_toml(str(toml))
+    toml.write_text("epochs = \n")
+    with pytest.raises(ChuteError, match="not valid TOML"):
+        TrainConfig.from_toml(str(toml))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("epochs", 0, "`epochs` must be a positive integer"),
+        ("optimizer", "adagrad", "`optimizer` must be one of"),
+        ("schedule", "step", "`schedule` must be one of"),
+        ("label_smoothing", 0.9, "`label_smoothing` must be a number from 0 to 0.5"),
+        ("class_weights", "inverse", "`class_weights` must be None or 'balanced'"),
+        ("learning_rate", -1, "`learning_rate` must be a number"),
+    ],
+)
+def test_bad_training_options(field, value, message):
+    with pytest.raises(ChuteError, match=message):
+        TrainConfig(**{field: value})
+
+
+def test_smoothing_weights_schedule_and_augmentation_train(data, tmp_path):
+    result = chute.train(
+        data,
+        tmp_path / "run",
+        model="cifar-cnn",
+        epochs=1,
+        batch_size=8,
+        strategy="cpu",
+        label_smoothing=0.1,
+        class_weights="balanced",
+        schedule="cosine",
+        optimizer="sgd",
+        augment=("flip", "contrast"),
+        verbose=0,
+    )
+    assert result.epochs_run == 1 and "val_top5" in result.final
+
+
+def test_evaluate_predict_export(trained, data, tmp_path):
+    run, result = trained
+    report = chute.evaluate(run, data, split="val")
+    assert report.examples == chute.load_manifest(data).num_examples("val")
+    assert report.accuracy == pytest.approx(result.best_val_accuracy, abs=1e-6)
+    images = sorted((Path(chute.load_manifest(data).source["location"])).rglob("*.png"))[:3]
+    predicted = chute.predict(run, [str(p) for p in images], top_k=2)
+    assert len(predicted.predictions) == 3 and all(len(p.top) == 2 for p in predicted.predictions)
+    out = chute.export(run, tmp_path / "served", format="savedmodel")
+    assert (Path(out) / "saved_model.pb").exists()
+
+
+def test_cli_train_evaluate_predict_export(data, tmp_path):
+    run = tmp_path / "run"
+    result = run_cli(
+        "train", data, "--run-dir", run, "--epochs", "1", "--batch-size", "8", "--strategy", "cpu"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "best val accuracy" in result.stdout and "global batch 8 = 8 x 1" in result.stdout
+    result = run_cli("evaluate", run, data, "--split", "val", "--out", tmp_path / "eval")
+    assert result.returncode == 0, result.stderr
+    assert "accuracy" in result.stdout and (tmp_path / "eval" / "confusion-val.png").exists()
+    image = next(Path(chute.load_manifest(data).source["location"]).rglob("*.png"))
+    result = run_cli("predict", run, image, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["predictions"][0]["path"].endswith(image.name)
+    result = run_cli("export", run, "--format", "keras", "--output", tmp_path / "exported")
+    assert result.returncode == 0, result.stderr
+
+
+def test_cli_errors_are_clear(data, tmp_path):
+    missing = run_cli("train", tmp_path / "nothing", "--epochs", "1")
+    assert missing.returncode == 2 and "No manifest.json" in missing.stderr
+    unknown = run_cli(
+        "train",
+        data,
+        "--model",
+        "megacnn",
+        "--run-dir",
+        tmp_path / "r1",
+        "--strategy",
+        "cpu",
+        "--batch-size",
+        "8",
+    )
+    assert (
+        unknown.returncode == 2 and "megacnn" in unknown.stderr and "kannada-cnn" in unknown.stderr
+    )
+    weights = run_cli(
+        "train",
+        data,
+        "--weights",
+        tmp_path / "none.weights.h5",
+        "--run-dir",
+        tmp_path / "r2",
+        "--strategy",
+        "cpu",
+    )
+    assert (
+        weights.returncode == 2
+        and "weights" in weights.stderr
+        and "none.weights.h5" in weights.stderr
+    )
+    flag = run_cli("train", data, "--epochs", "many")
+    assert flag.returncode == 2 and "--epochs" in flag.stderr
+    for result in (missing, unknown, weights, flag):
+        assert "Traceback" not in result.stderr

@@ -1,0 +1,115 @@
+"""Shared test helpers: tiny synthetic image folders, CLI runs, record readers.
+
+A plain module (tests import it as ``helpers``); fixtures live in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def write_image(
+    path: Path,
+    pixels: np.ndarray | None = None,
+    *,
+    size=(12, 10),
+    mode="L",
+    seed: int = 0,
+    fmt: str | None = None,
+    **save,
+) -> Path:
+    """Writes an image file (PNG unless the suffix says otherwise); returns its path.
+
+    ``size`` is (height, width); random pixels unless ``pixels`` is given.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if pixels is None:
+        rng = np.random.default_rng(seed)
+        channels = {"L": (), "RGB": (3,), "RGBA": (4,)}.get(mode, ())
+        pixels = rng.integers(0, 256, size=(*size, *channels), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    if mode not in ("L", "RGB", "RGBA"):
+        image = image.convert(mode)
+    image.save(path, format=fmt, **save)
+    return path
+
+
+def make_folder(
+    root: Path, classes: dict[str, int], *, size=(12, 10), mode="L", ext=".png", seed: int = 0
+) -> Path:
+    """``root/<class>/<i><ext>`` with distinct random images; returns ``root``."""
+    for c, (name, count) in enumerate(sorted(classes.items())):
+        for i in range(count):
+            write_image(
+                root / name / f"{i:03d}{ext}",
+                size=size,
+                mode=mode,
+                seed=seed * 100003 + c * 1000 + i,
+            )
+    return root
+
+
+def run_cli(
+    *args: str, cwd: str | Path | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """Runs ``python -m chute ARGS`` in a fresh process (exit codes, stderr, no traceback)."""
+    return subprocess.run(
+        [sys.executable, "-m", "chute", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Every record of a shard, parsed with TensorFlow into plain Python values."""
+    import tensorflow as tf
+
+    from chute.format.records import parse_features
+
+    features = parse_features()
+    out = []
+    for raw in tf.data.TFRecordDataset(str(path)):
+        example = tf.io.parse_single_example(raw, features)
+        out.append(
+            {
+                "image": example["image"].numpy(),
+                "class": int(example["class"]),
+                "size": tuple(int(v) for v in example["size"].numpy()),
+                "channels": int(example["channels"]),
+                "encoding": example["encoding"].numpy().decode(),
+                "key": example["key"].numpy().decode(),
+            }
+        )
+    return out
+
+
+def all_records(out: str | Path, split: str = "train") -> list[dict]:
+    """Records of every shard of ``split`` in a converted directory, in shard order."""
+    import chute
+
+    manifest = chute.load_manifest(str(out))
+    return [r for p in manifest.shard_paths(split) for r in read_records(p)]
+
+
+def decode(record: dict) -> np.ndarray:
+    """A record's pixels as (H, W, C) uint8, whatever its encoding."""
+    import io
+
+    if record["encoding"] == "raw":
+        h, w = record["size"]
+        return np.frombuffer(record["image"], np.uint8).reshape(h, w, record["channels"])
+    image = np.asarray(Image.open(io.BytesIO(record["image"])))
+    return image.reshape(*image.shape[:2], -1)
+
+
+def tree_bytes(out: str | Path) -> dict[str, bytes]:
+    """Every file under ``out`` (relative name -> bytes), to compare runs byte for byte."""
+    out = Path(out)
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}

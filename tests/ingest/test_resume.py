@@ -1,0 +1,292 @@
+"""Resuming an interrupted conversion: kept shards, redone shards, byte-identical result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import make_folder, tree_bytes
+
+import chute
+from chute.errors import ChuteError
+from chute.format import manifest as manifest_lib
+from chute.ingest import resume
+from chute.ingest.writer import ShardWriter
+
+OPTIONS = {"val_fraction": 0.25, "min_shards": 4}  # 40 images: train 30 + val 10, 4 + 4 shards
+OLD_NS = 1_000_000_000
+
+
+class Crash(BaseException):
+    """Stands in for a kill: not an Exception, so nothing may catch and carry on."""
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    return make_folder(tmp_path / "src", {"a": 14, "b": 14, "c": 12})
+
+
+@pytest.fixture
+def reference(src: Path, tmp_path: Path) -> dict[str, bytes]:
+    """The bytes of an uninterrupted run with OPTIONS."""
+    chute.convert(src, tmp_path / "reference", workers=1, **OPTIONS)
+    return tree_bytes(tmp_path / "reference")
+
+
+def _crash_on_write(monkeypatch, call: int, *, before: bool = False) -> None:
+    """ShardWriter.write raises Crash on its ``call``-th call (one call per small shard),
+    after writing the data (a half-written shard) or, with ``before``, instead of it."""
+    real = ShardWriter.write
+    calls = []
+
+    def write(self, framed, labels):
+        calls.append(self.path)
+        if len(calls) == call and before:
+            raise Crash(f"simulated crash before write #{call}")
+        real(self, framed, labels)
+        if len(calls) == call:
+            raise Crash(f"simulated crash after write #{call}")
+
+    monkeypatch.setattr(ShardWriter, "write", write)
+
+
+def _work(out: Path) -> Path:
+    return out / resume.WORK_DIR
+
+
+def _notes(out: Path) -> list[str]:
+    return sorted(p.name for p in _work(out).glob("*.tfrecord.json"))
+
+
+def _shard_files(out: Path) -> list[str]:
+    return sorted(p.name for p in out.glob("*.tfrecord"))
+
+
+def _interrupted(out: Path) -> None:
+    """What any interrupted run must leave: no manifest, the work folder, a clear message."""
+    assert not (out / "manifest.json").exists()
+    assert _work(out).is_dir()
+    assert (_work(out) / "plan.json").is_file()
+    with pytest.raises(ChuteError, match="did not finish"):
+        chute.load_manifest(out)
+    with pytest.raises(ChuteError):
+        chute.verify(out)
+
+
+def test_crash_mid_run_then_resume_is_byte_identical(src, reference, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 4)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    _interrupted(out)
+    done = [f"train-0000{i}-of-00004.tfrecord" for i in range(3)]
+    assert _shard_files(out) == done
+    assert _notes(out) == [f + ".json" for f in done]
+    assert not list(_work(out).glob("*.partial"))  # the failing writer cleaned up
+    for name in done:
+        os.utime(out / name, ns=(OLD_NS, OLD_NS))
+
+    result = chute.convert(src, out, workers=1, **OPTIONS)
+    assert not result.already_done
+    assert result.resumed_shards == 3
+    for name in done:  # kept, not rewritten
+        assert (out / name).stat().st_mtime_ns == OLD_NS
+    assert tree_bytes(out) == reference
+    assert chute.verify(out).ok
+
+
+def test_crash_before_a_shard_gets_its_first_bytes(src, reference, tmp_path, monkeypatch):
+    # An interrupt (Ctrl-C, a dying worker pool) while the first chunk of a shard is still
+    # being encoded: the shard's partial file does not exist yet. The interrupt itself must
+    # come out, not an error from cleaning up a file that was never created.
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 2, before=True)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    _interrupted(out)
+    assert _shard_files(out) == ["train-00000-of-00004.tfrecord"]
+
+    result = chute.convert(src, out, workers=1, **OPTIONS)
+    assert result.resumed_shards == 1
+    assert tree_bytes(out) == reference
+
+
+def test_stale_partial_and_unnoted_or_short_shards_are_redone(
+    src, reference, tmp_path, monkeypatch
+):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 4)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    _interrupted(out)
+    # A kill -9 leaves the shard being written as a partial file: make a stale, too long one.
+    (_work(out) / "train-00003-of-00004.tfrecord.partial").write_bytes(b"\x07" * 10_000)
+    # A shard renamed but killed before its done note: complete-looking, but unproven.
+    unnoted = out / "train-00001-of-00004.tfrecord"
+    (_work(out) / (unnoted.name + ".json")).unlink()
+    data = bytearray(unnoted.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # if it were kept, the result would differ
+    unnoted.write_bytes(bytes(data))
+    # A noted shard whose file is short (damaged after the note): redone too.
+    short = out / "train-00002-of-00004.tfrecord"
+    short.write_bytes(short.read_bytes()[:-7])
+
+    result = chute.convert(src, out, workers=1, **OPTIONS)
+    assert result.resumed_shards == 1  # only train-00000
+    assert tree_bytes(out) == reference  # no partial or work files left either
+
+
+def test_crash_between_rename_and_note_redoes_that_shard(src, reference, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    real_exit = ShardWriter.__exit__
+    exits = []
+
+    def exit_then_crash(self, exc_type, exc, tb):
+        real_exit(self, exc_type, exc, tb)
+        exits.append(self.path)
+        if len(exits) == 3:
+            raise Crash("after rename, before the note")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ShardWriter, "__exit__", exit_then_crash)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    _interrupted(out)
+    assert len(_shard_files(out)) == 3 and len(_notes(out)) == 2
+
+    result = chute.convert(src, out, workers=1, **OPTIONS)
+    assert result.resumed_shards == 2
+    assert tree_bytes(out) == reference
+
+
+def test_crash_while_saving_the_manifest_resumes_every_shard(src, reference, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+
+    def crash(self, directory):
+        raise Crash("killed while saving the manifest")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(manifest_lib.Manifest, "save", crash)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    _interrupted(out)
+    (out / "manifest.json.tmp").write_bytes(b'{"half a manifest')  # what a kill there leaves
+
+    result = chute.convert(src, out, workers=1, **OPTIONS)
+    assert result.resumed_shards == 8
+    assert tree_bytes(out) == reference
+
+
+def test_crash_after_the_manifest_is_finished_on_rerun(src, reference, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+
+    def crash(output):
+        raise Crash("killed before the work folder was removed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(resume, "remove_work_dir", crash)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    assert (out / "manifest.json").exists() and _work(out).exists()
+
+    result = chute.convert(src, out, workers=1, **OPTIONS)
+    assert result.already_done
+    assert tree_bytes(out) == reference
+
+
+def test_interrupted_run_with_other_options_needs_overwrite(src, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 4)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    other = {**OPTIONS, "min_shards": 3}
+    with pytest.raises(ChuteError, match="min_shards"):
+        chute.convert(src, out, workers=1, **other)
+    assert len(_shard_files(out)) == 3  # the interrupted run's shards are untouched
+
+    result = chute.convert(src, out, workers=1, overwrite=True, **other)
+    assert result.resumed_shards == 0
+    chute.convert(src, tmp_path / "clean", workers=1, **other)
+    assert tree_bytes(out) == tree_bytes(tmp_path / "clean")
+
+
+def test_crash_with_worker_processes_then_resume_with_one(tmp_path, monkeypatch):
+    src = make_folder(tmp_path / "src", {"a": 50, "b": 50, "c": 50}, size=(6, 5))
+    options = {"val_fraction": 0.2, "min_shards": 6}
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 5)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=2, **options)
+    _interrupted(out)
+    assert len(_notes(out)) == 4
+
+    result = chute.convert(src, out, workers=1, **options)
+    assert result.resumed_shards == 4
+    chute.convert(src, tmp_path / "reference", workers=1, **options)
+    assert tree_bytes(out) == tree_bytes(tmp_path / "reference")
+
+
+# -- a real kill -9 -------------------------------------------------------------------------
+
+
+def _convert_cmd(src: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "chute", "convert", str(src), str(out),
+            "--workers", "1", "--min-shards", "12", "--no-progress"]  # fmt: skip
+
+
+def _kill_mid_run(src: Path, out: Path, deadline_s: float = 60) -> bool:
+    """Starts the CLI and kill -9s it once a shard is done; False if it finished first."""
+    proc = subprocess.Popen(
+        _convert_cmd(src, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            if list(_work(out).glob("*.tfrecord.json")):
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                return not (out / "manifest.json").exists()
+            if proc.poll() is not None:
+                return False
+            time.sleep(0.002)
+        pytest.fail(f"no shard was finished within {deadline_s} s: {_convert_cmd(src, out)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return False  # unreachable
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_rerun_is_byte_identical(tmp_path):
+    for attempt, count in enumerate((600, 3000)):
+        third = count // 3
+        sizes = {"a": third, "b": third, "c": count - 2 * third}
+        src = make_folder(tmp_path / f"src{attempt}", sizes, size=(8, 8))
+        out = tmp_path / f"out{attempt}"
+        if _kill_mid_run(src, out):
+            break
+    else:
+        pytest.skip("the conversion finished before it could be killed, even with 3000 images")
+    _interrupted(out)
+    assert 1 <= len(_notes(out)) < 12
+
+    rerun = subprocess.run(_convert_cmd(src, out), capture_output=True, text=True, timeout=240)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resumed:" in rerun.stdout, rerun.stdout
+    assert "Traceback" not in rerun.stderr
+
+    reference = tmp_path / "reference"
+    chute.convert(str(src), reference, workers=1, min_shards=12)
+    assert tree_bytes(out) == tree_bytes(reference)
+    assert chute.verify(out).ok

@@ -1,0 +1,48 @@
+"""Training pictures: curves, and confusion as a heat map or as the most confused pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from chute.fit.evaluate import EvalReport
+from chute.tools import report
+
+
+def _report(k: int) -> EvalReport:
+    confusion = np.eye(k, dtype=int) * 5
+    confusion[1, 2], confusion[3, 0] = 4, 2
+    return EvalReport(
+        "val",
+        int(confusion.sum()),
+        0.5,
+        0.9,
+        1.0,
+        [],
+        confusion.tolist(),
+        [f"c{i}" for i in range(k)],
+    )
+
+
+def test_most_confused_pairs_are_ranked():
+    assert _report(4).most_confused(2) == [("c1", "c2", 4), ("c3", "c0", 2)]
+
+
+def test_heat_map_for_few_classes(tmp_path):
+    path = report.draw_confusion(_report(4), tmp_path / "c.png")
+    width, height = Image.open(path).size
+    assert height == 30 + 22 * 4 + 10 and width > 22 * 4
+
+
+def test_many_classes_show_pairs_with_sample_images(tmp_path):
+    samples = {i: np.full((8, 8, 1), 6 * i, np.uint8) for i in range(40)}
+    path = report.draw_confusion(_report(40), tmp_path / "c.png", samples=samples)
+    picture = np.asarray(Image.open(path).convert("L"))
+    assert picture.shape[0] == 40 + 52 * 2  # two confused pairs
+    assert picture[34 + 20, 10 + 20] == 6  # class c1's sample, top left of the first row
+
+
+def test_curves(tmp_path):
+    history = {"loss": [2.0, 1.0, 0.5], "val_loss": [2.2, 1.4, 0.9], "accuracy": [0.2, 0.6, 0.9]}
+    path = report.draw_curves(history, tmp_path / "curves.png")
+    assert Image.open(path).size == (2 * 420, 300)  # loss and accuracy panels
