@@ -1,9 +1,9 @@
 """Python's cyclic garbage collector paused around work that makes no cycles worth collecting.
 
 With TensorFlow loaded, one full collection walks hundreds of thousands of
-objects (tens of ms here), and it runs whenever enough objects have been
-allocated: in a conversion's item loop, or in whichever timed pass of a
-benchmark happens to trigger it.
+objects, and it runs whenever enough objects have been allocated: in a
+conversion's item loop, or in whichever timed pass of a benchmark happens to
+trigger it.
 
 Example:
     >>> with paused():

@@ -39,6 +39,9 @@ class ImageSpec:
         resize: how the aspect ratio was reached: ``"stretch"``, ``"crop"`` or ``"pad"``.
         interpolation: the resampling filter's name.
         quality: JPEG quality.
+        shorter_side: with ``height``/``width`` None: each image kept at its
+            aspect ratio, scaled down so that its shorter side is at most this
+            (room for training-time cropping); None keeps every size.
     """
 
     height: int | None
@@ -48,6 +51,7 @@ class ImageSpec:
     resize: str = "stretch"
     interpolation: str = "bilinear"
     quality: int = 90
+    shorter_side: int | None = None
 
     def __post_init__(self) -> None:
         if (self.height is None) != (self.width is None):
@@ -63,6 +67,14 @@ class ImageSpec:
         checks.one_of("resize", self.resize, RESIZE_MODES)
         checks.one_of("interpolation", self.interpolation, INTERPOLATIONS)
         checks.int_in("quality", self.quality, 1, 100)
+        if self.shorter_side is not None:
+            checks.int_in("shorter_side", self.shorter_side, 1, MAX_SIDE)
+            if self.fixed_size:
+                raise ChuteError(
+                    "`shorter_side` applies to images kept at their aspect ratio, not to a "
+                    f"fixed size. Received: shorter_side={self.shorter_side!r}, "
+                    f"height={self.height!r}, width={self.width!r}"
+                )
 
     @property
     def fixed_size(self) -> bool:
@@ -80,8 +92,13 @@ class ImageSpec:
         return (self.height, self.width, self.channels)
 
     def describe(self) -> str:
-        """``"75x75x1 raw"``, or ``"original sizes x3 jpeg"``."""
-        size = f"{self.height}x{self.width}" if self.fixed_size else "original sizes "
+        """``"75x75x1 raw"``, ``"original sizes x3 jpeg"`` or ``"shorter side <= 256 x3 jpeg"``."""
+        if self.fixed_size:
+            size = f"{self.height}x{self.width}"
+        elif self.shorter_side:
+            size = f"shorter side <= {self.shorter_side} "
+        else:
+            size = "original sizes "
         return f"{size}x{self.channels} {self.encoding}"
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ second.
 from __future__ import annotations
 
 import io
+import math
 import os
 import warnings
 from typing import Any, NamedTuple
@@ -184,6 +185,37 @@ def resize(
     )
 
 
+def stored_size(spec: ImageSpec, height: int, width: int) -> tuple[int, int] | None:
+    """``(height, width)`` at which ``spec`` stores an upright image of ``height x width``;
+    None when it is kept at its own size.
+
+    Example:
+        >>> stored_size(ImageSpec(None, None, 3, "jpeg", shorter_side=256), 1000, 1500)
+        (256, 384)
+    """
+    if spec.fixed_size:
+        return spec.height, spec.width
+    if spec.shorter_side and min(height, width) > spec.shorter_side:
+        scale = spec.shorter_side / min(height, width)
+        return max(1, round(height * scale)), max(1, round(width * scale))
+    return None
+
+
+def _decoded_size(spec: ImageSpec, height: int, width: int) -> tuple[int, int] | None:
+    """The least ``(height, width)`` the decoder must return for an upright image of
+    ``height x width``: the source at the scale :func:`resize` brings it to (with
+    ``crop``, the centred window reaches the target; with ``pad``, the whole image
+    fits it). None when no resize follows."""
+    target = stored_size(spec, height, width)
+    if target is None:
+        return None
+    if not spec.fixed_size or spec.resize == "stretch":
+        return target
+    pick = max if spec.resize == "crop" else min
+    scale = pick(target[0] / height, target[1] / width)
+    return math.ceil(height * scale), math.ceil(width * scale)
+
+
 def _png_has_chunk(data: bytes, types: tuple[bytes, ...]) -> bool:
     """Whether a PNG has a chunk of one of ``types`` (or a chunk list that does not add up).
 
@@ -234,17 +266,44 @@ def _load(payload: Any, spec: ImageSpec, max_pixels: int) -> tuple[Image.Image, 
     else:
         data = payload if isinstance(payload, bytes) else read(payload)
         image = _open(data, max_pixels)
+    orientation = _orientation(image)
+    # an upright JPEG kept at its size, in the right mode, is stored untouched
+    keep = (
+        orientation == 1
+        and image.format == "JPEG"
+        and spec.encoding == "jpeg"
+        and stored_size(spec, image.height, image.width) is None
+    )
+    if image.format == "JPEG":
+        _scale_while_decoding(image, spec, orientation)
     try:
         image.load()  # full decode: truncated and corrupt data fail here
     except Exception as error:  # untrusted bytes: any decoder failure is a bad file
         raise Rejected(f"corrupt or truncated image data: {error}") from None
-    original = None
-    orientation = _orientation(image)
     if orientation != 1:
         image = ImageOps.exif_transpose(image)
-    elif image.format == "JPEG" and spec.encoding == "jpeg" and not spec.fixed_size:
-        original = data  # keep_size: an upright JPEG in the right mode is stored untouched
+    original = data if keep else None
     return image, original
+
+
+def _scale_while_decoding(image: Image.Image, spec: ImageSpec, orientation: int) -> None:
+    """Asks libjpeg for a DCT-domain downscaled decode (1/2, 1/4 or 1/8) that is still
+    at least as large as what the resize that follows needs (Pillow's ``draft``).
+
+    Decoding a camera photo at 1/4 or 1/8 scale is several times less work than a
+    full decode; the exact resize to the stored size follows as usual.
+    """
+    width, height = image.size
+    sideways = orientation in (5, 6, 7, 8)  # the stored frame is the upright one turned
+    upright = (width, height) if sideways else (height, width)
+    needed = _decoded_size(spec, *upright)
+    if needed is None:
+        return
+    needed_height, needed_width = needed
+    if sideways:
+        needed_height, needed_width = needed_width, needed_height
+    if needed_width * 2 <= width and needed_height * 2 <= height:
+        image.draft(image.mode, (needed_width, needed_height))
 
 
 def load_pixels(
@@ -286,6 +345,8 @@ def load_pixels(
             pixels = np.asarray(to_channels(image, spec.channels))
         if spec.fixed_size:
             pixels = resize(pixels, spec.height, spec.width, spec.resize, spec.interpolation)
+        elif (size := stored_size(spec, *pixels.shape[:2])) is not None:  # shorter side capped
+            pixels = resize(pixels, *size, "stretch", spec.interpolation)
     except Rejected:
         raise
     except Exception as error:  # untrusted images: a failure rejects this one only

@@ -78,6 +78,10 @@ class ConvertOptions:
         min_shards: minimum shards per split; ``None`` means 16 when the split
             has enough images (at least 64 per shard).
         max_pixels: images with more pixels are rejected (decompression bombs).
+        shorter_side: keep each image's aspect ratio, scaled down so that its
+            shorter side is at most this many pixels (smaller ones are kept as
+            they are): photos stored larger than the training size, for
+            random-resized crops when reading (``chute.load(augment=["crop"])``).
 
     Example:
         >>> ConvertOptions(image_size="75", color_mode="grayscale").image_size
@@ -104,6 +108,10 @@ class ConvertOptions:
         None, "shards per split at least (default: 16 when each gets >= 64 images)", type=int
     )
     max_pixels: int = option(DEFAULT_MAX_PIXELS, "reject larger images (decompression bombs)")
+    shorter_side: int | None = option(
+        None, "keep aspect ratios, shorter side scaled down to N (for crops when training)",
+        type=int, metavar="N",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_size", parse_image_size(self.image_size))
@@ -129,16 +137,25 @@ class ConvertOptions:
         if self.min_shards is not None:
             checks.int_in("min_shards", self.min_shards, 1, 100_000)
         checks.int_in("max_pixels", self.max_pixels, 1, 2**40)
-        if self.keep_size:
-            if self.image_size is not None:
+        if self.shorter_side is not None:
+            checks.int_in("shorter_side", self.shorter_side, 1, MAX_SIDE)
+            if self.image_size is not None or self.keep_size:
+                raise ChuteError(
+                    "`shorter_side` keeps each image's aspect ratio: it excludes `image_size` "
+                    f"and `keep_size`. Received: shorter_side={self.shorter_side!r}, "
+                    f"image_size={self.image_size!r}, keep_size={self.keep_size!r}"
+                )
+        if self.keep_size or self.shorter_side is not None:
+            if self.keep_size and self.image_size is not None:
                 raise ChuteError(
                     "`keep_size` and `image_size` exclude each other: keep_size stores every "
                     "image at its own size. "
                     f"Received: keep_size=True, image_size={self.image_size!r}"
                 )
             if self.encoding == "raw":
+                which = "keep_size=True" if self.keep_size else "shorter_side is set"
                 raise checks.bad_value(
-                    "encoding", self.encoding, "'png', 'jpeg' or 'auto' when keep_size=True"
+                    "encoding", self.encoding, f"'png', 'jpeg' or 'auto' when {which}"
                 )
         elif self.resize != "stretch" and self.image_size is None:
             raise ChuteError(

@@ -36,7 +36,7 @@ def needs_headers(options: ConvertOptions) -> bool:
     return (
         options.color_mode == "auto"
         or options.encoding == "auto"
-        or (options.image_size is None and not options.keep_size)
+        or (options.image_size is None and not options.keep_size and not options.shorter_side)
     )
 
 
@@ -64,7 +64,7 @@ def image_spec(options: ConvertOptions, probes: list[Probe] | None) -> ImageSpec
     height = width = None
     if options.image_size is not None:
         height, width = options.image_size
-    elif not options.keep_size:
+    elif not options.keep_size and not options.shorter_side:
         sizes = collections.Counter((p.height, p.width) for p in usable)
         if len(sizes) > 1:
             common = ", ".join(f"{h}x{w} ({n})" for (h, w), n in sizes.most_common(4))
@@ -79,17 +79,13 @@ def image_spec(options: ConvertOptions, probes: list[Probe] | None) -> ImageSpec
         jpeg_share = sum(p.format == "JPEG" for p in usable) / len(usable)
         if options.keep_size:
             encoding = "jpeg" if jpeg_share == 1.0 else "png"
+        elif options.shorter_side:  # scaled photos: re-encoded anyway
+            encoding = "jpeg" if jpeg_share >= 0.5 else "png"
         elif height * width <= RAW_AUTO_MAX_PIXELS:
             encoding = "raw"
         else:
             encoding = "jpeg" if jpeg_share >= 0.5 else "png"
-    log.info(
-        "storing %s images as %s, %s channel(s)",
-        f"{height}x{width}" if height else "original-size",
-        encoding,
-        channels,
-    )
-    return ImageSpec(
+    spec = ImageSpec(
         height=height,
         width=width,
         channels=channels,
@@ -97,7 +93,10 @@ def image_spec(options: ConvertOptions, probes: list[Probe] | None) -> ImageSpec
         quality=options.quality,
         resize=options.resize,
         interpolation=options.interpolation,
+        shorter_side=options.shorter_side,
     )
+    log.info("storing images as %s", spec.describe())
+    return spec
 
 
 def bytes_per_record(spec: ImageSpec, probes: list[Probe]) -> float:
@@ -109,7 +108,10 @@ def bytes_per_record(spec: ImageSpec, probes: list[Probe]) -> float:
     usable = [p for p in probes if p.reject is None]
     total = 0.0
     for p in usable:
-        if spec.height is None:
+        if spec.shorter_side and p.height:
+            scale = min(1.0, spec.shorter_side / min(p.height, p.width))
+            total += p.nbytes * scale * scale
+        elif spec.height is None:
             total += p.nbytes
         else:
             raw = spec.height * spec.width * spec.channels
