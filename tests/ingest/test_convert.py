@@ -8,6 +8,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -648,3 +650,25 @@ def test_cli_source_that_does_not_exist(tmp_path):
     assert "Traceback" not in done.stderr
     assert "source" in done.stderr and "nowhere" in done.stderr
     assert not out.exists()
+
+
+def test_a_local_conversion_never_imports_tensorflow(tmp_path):
+    """TensorFlow costs seconds to import; a local conversion (API or CLI, with worker
+    processes) needs none of it, only a TensorFlow filesystem path would."""
+    src = make_folder(tmp_path / "src", {"a": 40, "b": 40})
+    code = (
+        "import sys\n"
+        "from chute.cli import main\n"
+        "code = main(['convert', sys.argv[1], sys.argv[2], '--val-fraction', '0.2', "
+        "'--workers', '2'])\n"
+        "print('IMPORTED', 'tensorflow' in sys.modules, 'keras' in sys.modules, code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "IMPORTED False False 0" in done.stdout
+    assert chute.load_manifest(tmp_path / "out").num_examples("train") == 64

@@ -578,14 +578,29 @@ def test_variable_size_dataset_needs_image_size(keep_size):
         chute.load(keep_size / "out", batch_size=BATCH)
 
 
-def test_variable_size_dataset_works_with_image_size(keep_size):
+def _centre_cropped(image: np.ndarray, size, fraction: float) -> np.ndarray:
+    """The documented evaluation crop: the centred window of ``size``'s aspect ratio over
+    ``fraction`` of the shorter side, resized to ``size``."""
+    height, width = image.shape[:2]
+    aspect = size[1] / size[0]
+    crop_h = max(1, round(min(height, width / aspect) * fraction))
+    crop_w = max(1, round(min(width, height * aspect) * fraction))
+    top, left = (height - crop_h) // 2, (width - crop_w) // 2
+    window = image[top : top + crop_h, left : left + crop_w]
+    return window if window.shape[:2] == tuple(size) else _resized(window, size)
+
+
+@pytest.mark.parametrize("fraction", [None, 1.0, 0.5])
+def test_variable_size_dataset_works_with_image_size(keep_size, fraction):
     out = keep_size / "out"
-    ds = chute.load(out, batch_size=BATCH, training=False, image_size=(8, 8))
+    ds = chute.load(
+        out, batch_size=BATCH, training=False, image_size=(8, 8), crop_fraction=fraction
+    )
     assert tuple(ds.element_spec[0].shape[1:]) == (8, 8, 3)
     got = _examples(ds)
     assert len(got) == 8
     expected = [
-        (label, _resized(image, (8, 8)))
+        (label, _centre_cropped(image, (8, 8), 0.875 if fraction is None else fraction))
         for label, image in _expected(keep_size / "src", out, "train")
     ]
     _match(got, expected, tolerance=2.0)

@@ -1,54 +1,132 @@
-"""What happens to a batch after shuffling: resize, augment, cast, labels.
+"""Augmentation by name, where it is cheapest, and what happens to a batch after shuffling.
 
-Augmentations are Keras 3 preprocessing layers, by name or as layers,
-applied to training batches only.
+Names (``augment=[...]``), or Keras layers:
+
+- ``"crop"`` (Inception-style random-resized crop) and ``"flip"`` run on the
+  host per image, fused with decoding (:mod:`chute.read.images`): almost free;
+- ``"rotation"``, ``"zoom"``, ``"translation"``, ``"contrast"``,
+  ``"brightness"``, ``"randaugment"`` (Keras 3 layers on images) and
+  ``"mixup"``, ``"cutmix"`` (Keras 3 layers on images and one-hot labels) are
+  heavy: with ``augment_on="device"`` they are left out of the input pipeline
+  and handed over as a :class:`DeviceAugmentation` to run inside the model's
+  train step on the accelerator (``chute train`` does so when there is one),
+  so the host pipeline stays at decode speed; with ``augment_on="host"`` they
+  run per batch in the pipeline.
 
 Example:
-    >>> augmenter = make_augmenter(["flip", "zoom"], seed=1)  # doctest: +SKIP
+    >>> spec = parse_augment(["crop", "flip", "zoom"])
+    >>> spec.crop, spec.flip, spec.heavy
+    (True, True, ('zoom',))
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from chute import checks
 from chute.lazy import keras, tf
-from chute.read.plan import ReadPlan
 
-AUGMENTATIONS = {
+if TYPE_CHECKING:
+    from chute.read.plan import ReadPlan
+
+FUSED = ("crop", "flip")
+LAYERS = {
     "flip": ("RandomFlip", {"mode": "horizontal"}),
     "rotation": ("RandomRotation", {"factor": 0.1}),
     "zoom": ("RandomZoom", {"height_factor": 0.1}),
     "translation": ("RandomTranslation", {"height_factor": 0.1, "width_factor": 0.1}),
     "contrast": ("RandomContrast", {"factor": 0.2}),
     "brightness": ("RandomBrightness", {"factor": 0.2, "value_range": (0, 255)}),
+    "randaugment": ("RandAugment", {"value_range": (0, 255)}),
 }
+MIXING = {"mixup": ("MixUp", {"alpha": 0.2}), "cutmix": ("CutMix", {})}
+NAMES = (*FUSED, *[n for n in LAYERS if n not in FUSED], *MIXING)
+PLACES = ("host", "device")
 
 
-def make_augmenter(augment: Any, seed: int | None):
-    """A ``keras.Sequential`` of the augmentations named (or given as layers), or None.
+@dataclasses.dataclass(frozen=True)
+class AugmentSpec:
+    """What ``augment=[...]`` asks for.
 
-    With a seed, layer ``i`` is seeded ``seed + i``.
+    Attributes:
+        crop: a random-resized crop per image.
+        flip: a left-right flip per image, half of the time.
+        heavy: the other augmentations, in order: names, or Keras layers.
+    """
+
+    crop: bool = False
+    flip: bool = False
+    heavy: tuple = ()
+
+    @property
+    def mixing(self) -> bool:
+        """Whether MixUp or CutMix is asked for (they need one-hot labels)."""
+        return any(item in MIXING for item in self.heavy if isinstance(item, str))
+
+
+def parse_augment(augment: Any) -> AugmentSpec:
+    """Checks ``augment`` (a list of names and Keras layers) into an :class:`AugmentSpec`.
 
     Raises:
         ChuteError: an unknown name, or something that is neither a name nor a Keras layer.
     """
     if not augment:
-        return None
-    allowed = f"names from {sorted(AUGMENTATIONS)} or Keras layers"
+        return AugmentSpec()
+    allowed = f"names from {sorted(NAMES)} or Keras layers"
     if isinstance(augment, str) or not isinstance(augment, list | tuple):
         raise checks.bad_value("augment", augment, f"a list of {allowed}")
-    layers = []
-    for number, item in enumerate(augment):
-        if isinstance(item, str) and item in AUGMENTATIONS:
-            name, kwargs = AUGMENTATIONS[item]
-            layer_seed = None if seed is None else seed + number
-            layers.append(getattr(keras.layers, name)(**kwargs, seed=layer_seed))
+    heavy = []
+    for item in augment:
+        if isinstance(item, str):
+            if item not in NAMES:
+                raise checks.bad_value("augment", item, allowed)
+            if item not in FUSED:
+                heavy.append(item)
         elif isinstance(item, keras.layers.Layer):
-            layers.append(item)
+            heavy.append(item)
         else:
             raise checks.bad_value("augment", item, allowed)
-    return keras.Sequential(layers)
+    return AugmentSpec(crop="crop" in augment, flip="flip" in augment, heavy=tuple(heavy))
+
+
+class DeviceAugmentation:
+    """Augmentations applied to a batch ``(images, labels)``: Keras image layers, then
+    MixUp/CutMix. Used inside a train step (on the accelerator), or per batch on the host.
+
+    Images go in and come out as uint8 (rounded and clipped): the models take
+    uint8 pixels.
+
+    Example:
+        >>> augmentation = DeviceAugmentation(["zoom", "mixup"], seed=1)  # doctest: +SKIP
+        >>> images, labels = augmentation(images, one_hot_labels)  # doctest: +SKIP
+    """
+
+    def __init__(self, heavy: tuple | list, seed: int | None):
+        self.layers, self.mixing = [], []
+        for number, item in enumerate(heavy):
+            layer_seed = None if seed is None else seed + number
+            if isinstance(item, str):
+                name, kwargs = (LAYERS | MIXING)[item]
+                layer = getattr(keras.layers, name)(**kwargs, seed=layer_seed)
+                (self.mixing if item in MIXING else self.layers).append(layer)
+            else:
+                self.layers.append(item)
+        self.names = [item if isinstance(item, str) else type(item).__name__ for item in heavy]
+
+    def __bool__(self) -> bool:
+        return bool(self.layers or self.mixing)
+
+    def __call__(self, images, labels=None):
+        """The batch augmented: ``images`` (and ``labels``, one-hot, when mixing)."""
+        out = tf.cast(images, tf.float32)
+        for layer in self.layers:
+            out = layer(out, training=True)
+        for layer in self.mixing:
+            mixed = layer({"images": out, "labels": labels}, training=True)
+            out, labels = mixed["images"], mixed["labels"]
+        out = tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8)
+        return out if labels is None else (out, labels)
 
 
 def labelled(plan: ReadPlan, images, labels):
@@ -64,19 +142,24 @@ def labelled(plan: ReadPlan, images, labels):
     return images, tf.one_hot(labels, plan.num_classes, dtype=tf.float32)
 
 
-def finisher(plan: ReadPlan, augmenter):
-    """``(images, labels) -> batch``: resize, augment, cast and labels, as ``plan`` says."""
+def finisher(plan: ReadPlan, augmentation: DeviceAugmentation | None):
+    """``(images, labels) -> batch``: labels, host augmentation, cast, as ``plan`` says."""
 
     def finish(images, labels):
-        if plan.resize:
-            images = tf.cast(tf.round(tf.image.resize(images, plan.shape[:2])), tf.uint8)
-        if augmenter is not None:
-            images = augmenter(tf.cast(images, tf.float32), training=True)
-            images = tf.cast(tf.clip_by_value(tf.round(images), 0, 255), tf.uint8)
-        if plan.dtype != "uint8":
-            images = tf.cast(images, tf.float32) / 255.0
-            if plan.dtype == "bfloat16":
-                images = tf.cast(images, tf.bfloat16)
-        return labelled(plan, images, labels)
+        out = labelled(plan, images, labels)
+        if augmentation:  # on the host: images (and one-hot labels, for MixUp/CutMix)
+            if plan.label_mode is None:
+                out = augmentation(out)
+            elif augmentation.mixing:
+                out = augmentation(*out)
+            else:
+                out = (augmentation(out[0]), out[1])
+        if plan.dtype == "uint8":
+            return out
+        images, rest = (out, ()) if plan.label_mode is None else (out[0], out[1:])
+        images = tf.cast(images, tf.float32) / 255.0
+        if plan.dtype == "bfloat16":
+            images = tf.cast(images, tf.bfloat16)
+        return images if plan.label_mode is None else (images, *rest)
 
     return finish

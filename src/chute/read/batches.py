@@ -1,4 +1,4 @@
-"""From blocks of records to batches: decode PNG/JPEG images, shuffle windows, batch, pad.
+"""From blocks of records to batches: decode, shuffle windows, batch, pad.
 
 Example:
     >>> batches = shuffled_batches(plan, blocks, keys)  # doctest: +SKIP
@@ -7,12 +7,14 @@ Example:
 from __future__ import annotations
 
 from chute.lazy import tf
+from chute.read import images
 from chute.read.augment import labelled
 from chute.read.plan import BLOCK, ReadPlan
 
 
 def decoded(plan: ReadPlan, blocks, counters: dict, parallel: dict):
-    """Blocks of PNG/JPEG bytes -> blocks of uint8 images, one image per parallel call.
+    """Blocks of PNG/JPEG bytes (stored at the size read) -> blocks of uint8 images,
+    one image per parallel call.
 
     Decoders take one image at a time. With ``skip_corrupt`` an image that does
     not decode is dropped; ``started - decoded`` counts the drops.
@@ -24,24 +26,81 @@ def decoded(plan: ReadPlan, blocks, counters: dict, parallel: dict):
             image = tf.io.decode_png(data, channels=stored.channels)
         else:
             image = tf.io.decode_jpeg(data, channels=stored.channels)
-        if stored.size != shape[:2]:  # stored at another size, or each at its own
-            image = tf.cast(tf.round(tf.image.resize(image, shape[:2])), tf.uint8)
         return tf.ensure_shape(image, shape), label
 
+    return _decode_counted(blocks.unbatch(), decode_one, counters, parallel).batch(BLOCK)
+
+
+def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
+    """Records ``(bytes, label)`` -> ``(image, label)``: each decoded, cropped and resized
+    on its own (:mod:`chute.read.images`), one image per parallel call.
+
+    In training, a random-resized crop (and flip) keyed by a per-image key drawn
+    in read order from a seeded stream (a new one each epoch): with a seed the
+    crops are the same whatever the number of cores. In evaluation, the centre
+    crop of ``plan.crop_fraction``.
+    """
+    stored, size = plan.stored, plan.shape[:2]
+    if plan.training:
+        keys = tf.data.Dataset.random(
+            seed=None if plan.seed is None else plan.seed + 2, rerandomize_each_iteration=True
+        )
+        records = tf.data.Dataset.zip(records, keys)
+        crop = plan.random_crop
+
+        def transform(record, key):
+            data, label = record
+            if crop is None:
+                image = images.centre_crop(data, stored, size, 1.0)
+                if plan.flip:
+                    seed = tf.stack([key, tf.constant(1, tf.int64)])
+                    image = tf.image.stateless_random_flip_left_right(image, seed=seed)
+            else:
+                image = images.random_crop(
+                    data, stored, size, key, scale=crop[0], ratio=crop[1], flip=plan.flip
+                )
+            return image, label
+    else:
+
+        def transform(data, label):
+            return images.centre_crop(data, stored, size, plan.crop_fraction), label
+
+    return _decode_counted(records, transform, counters, parallel)
+
+
+def _decode_counted(records, decode, counters: dict, parallel: dict):
+    """``records.map(decode)``; with ``skip_corrupt``'s counters, what fails to decode is
+    dropped, and ``started - decoded`` counts the drops."""
+    if not counters:
+        return records.map(decode, **parallel)
+
     def count(name):
-        def add(data, label):
+        def add(*element):
             with tf.control_dependencies([counters[name].assign_add(1)]):
-                return tf.identity(data), label
+                return tf.nest.map_structure(tf.identity, element)
 
         return add
 
-    images = blocks.unbatch()
-    if plan.skip_corrupt:
-        images = images.map(count("started")).map(decode_one, **parallel)
-        images = images.ignore_errors().map(count("decoded"))
-    else:
-        images = images.map(decode_one, **parallel)
-    return images.batch(BLOCK)
+    records = records.map(count("started")).map(decode, **parallel)
+    return records.ignore_errors().map(count("decoded"))
+
+
+def shuffled_records(plan: ReadPlan, blocks):
+    """Training: blocks of encoded records regrouped into windows of ``plan.window``,
+    each permuted with one gather, then record by record (images are decoded after)."""
+    keys = tf.data.Dataset.random(
+        seed=None if plan.seed is None else plan.seed + 1, rerandomize_each_iteration=True
+    )
+
+    def permute(block, key):
+        data, labels = block
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(tf.shape(labels)[0]), seed=tf.stack([key, tf.constant(0, tf.int64)])
+        )
+        return tf.gather(data, order), tf.gather(labels, order)
+
+    windows = tf.data.Dataset.zip(blocks.rebatch(plan.window), keys)
+    return windows.map(permute).unbatch()
 
 
 def shuffled_batches(plan: ReadPlan, blocks, parallel: dict, *, finished: bool):
@@ -83,9 +142,9 @@ def shuffled_batches(plan: ReadPlan, blocks, parallel: dict, *, finished: bool):
 
 def finished_in_window(plan: ReadPlan, augmenter) -> bool:
     """Whether training batches can leave the shuffle window finished, with no per-batch
-    step after it: when finishing is only labels and shapes (no resize, no
-    augmentation, uint8 images)."""
-    return plan.training and not plan.resize and augmenter is None and plan.dtype == "uint8"
+    step after it: when finishing is only labels and shapes (no augmentation on
+    the host, uint8 images)."""
+    return plan.training and not augmenter and plan.dtype == "uint8"
 
 
 def padded(batches, batch_size: int):

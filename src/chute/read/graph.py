@@ -15,14 +15,15 @@ from chute.read.shards import shard_blocks
 CYCLE = 16  # shards read at a time when the order must not depend on the machine
 
 
-def build(plan: ReadPlan, *, counters: dict, augmenter):
+def build(plan: ReadPlan, *, counters: dict, augmentation):
     """The ``tf.data.Dataset`` of ``plan``.
 
     Args:
         plan: what to read and how (see :class:`~chute.read.plan.ReadPlan`).
         counters: with ``skip_corrupt``, int64 variables ``corrupt``,
             ``started`` and ``decoded`` that count what is skipped.
-        augmenter: a Keras model applied to training batches, or None.
+        augmentation: applied to training batches on the host
+            (:class:`~chute.read.augment.DeviceAugmentation`), or None.
     """
     names = tf.constant(plan.files, tf.string)
     expected = tf.constant(plan.counts, tf.int64)
@@ -32,7 +33,7 @@ def build(plan: ReadPlan, *, counters: dict, augmenter):
     # shards for the cores.
     width = min(count, CYCLE if plan.deterministic else max(4, plan.cores))
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": plan.deterministic}
-    finished = batches.finished_in_window(plan, augmenter)
+    finished = not plan.per_image and batches.finished_in_window(plan, augmentation)
 
     # Files are the unit of parallel reading: a new shard order each epoch varies
     # what is read together, and a random block size per shard and epoch moves
@@ -56,30 +57,16 @@ def build(plan: ReadPlan, *, counters: dict, augmenter):
     # Fewer shards than input pipelines: each keeps every n-th record.
     if plan.every_nth is not None:
         ds = ds.unbatch().shard(*plan.every_nth).batch(BLOCK)
-    # PNG/JPEG images are decoded one per call, a call per core. From here on the
-    # data are dense pixels: regrouping them is a memory copy, not work per record.
-    if plan.stored.encoding != "raw":
-        ds = batches.decoded(plan, ds, counters, dict(parallel, num_parallel_calls=plan.cores))
-    # Decoded pixels kept (in RAM, or a file): later epochs skip the shards.
-    if plan.cache is not None:
-        ds = ds.cache(plan.cache)
-    # Blocks replayed from the cache, or read in a fixed order, would fill the same
-    # windows every epoch: shuffle the blocks (about a window's worth). The prefetch
-    # asks for the first block when the iterator starts, so reading begins at once.
-    if plan.training and (plan.cache is not None or not plan.reshuffle_each_epoch):
-        ds = ds.shuffle(max(2, plan.shuffle_buffer // BLOCK), seed=seed).prefetch(1)
-    # Training: windows of several shards' blocks, each permuted and cut into full
-    # batches (static shapes for TPU/XLA). Evaluation: every example once, in order.
-    if plan.training:
-        ds = batches.shuffled_batches(plan, ds, parallel, finished=finished)
+    if plan.per_image:
+        ds = _each_image(plan, ds, counters, parallel)
     else:
-        ds = ds.rebatch(plan.batch_size)
-    # Per batch: resize, augment, cast, labels. Keras's random layers draw from a
+        ds = _decoded_blocks(plan, ds, counters, parallel, finished)
+    # Per batch: labels, host augmentation, cast. Keras's random layers draw from a
     # seed generator: with a seed, batches take their draws in order, so that the
     # same seed augments the same way.
     if not finished:
-        in_order = plan.seed is not None and augmenter is not None
-        ds = ds.map(finisher(plan, augmenter), **({} if in_order else parallel))
+        in_order = plan.seed is not None and bool(augmentation)
+        ds = ds.map(finisher(plan, augmentation), **({} if in_order else parallel))
     # The manifest knows the size, so Keras shows real step counts (skipping makes it unknown).
     if not plan.skip_corrupt:
         ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps))
@@ -89,6 +76,47 @@ def build(plan: ReadPlan, *, counters: dict, augmenter):
     if plan.pad_final_batch:
         ds = batches.padded(ds, plan.batch_size)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+
+
+def _decoded_blocks(plan: ReadPlan, ds, counters: dict, parallel: dict, finished: bool):
+    """Images stored at the size read: blocks of decoded pixels, cached and shuffled."""
+    # PNG/JPEG images are decoded one per call, a call per core. From here on the
+    # data are dense pixels: regrouping them is a memory copy, not work per record.
+    if plan.stored.encoding != "raw":
+        ds = batches.decoded(plan, ds, counters, dict(parallel, num_parallel_calls=plan.cores))
+    # Decoded pixels kept (in RAM, or a file): later epochs skip the shards.
+    if plan.cache is not None:
+        ds = ds.cache(plan.cache)
+    ds = _reshuffled_blocks(plan, ds)
+    # Training: windows of several shards' blocks, each permuted and cut into full
+    # batches (static shapes for TPU/XLA). Evaluation: every example once, in order.
+    if plan.training:
+        return batches.shuffled_batches(plan, ds, parallel, finished=finished)
+    return ds.rebatch(plan.batch_size)
+
+
+def _each_image(plan: ReadPlan, ds, counters: dict, parallel: dict):
+    """Images cropped or resized when read: records shuffled, then each image decoded,
+    cropped and resized on its own (training: random crops, new every epoch)."""
+    # Encoded records kept (decoding, with its random crop, is done anew each epoch).
+    if plan.cache is not None:
+        ds = ds.cache(plan.cache)
+    ds = _reshuffled_blocks(plan, ds)
+    # Training: windows of encoded records from several shards, each permuted.
+    ds = batches.shuffled_records(plan, ds) if plan.training else ds.unbatch()
+    # One image per call, a call per core: decode (a JPEG's crop window only), crop,
+    # resize, flip, all on uint8.
+    ds = batches.each_image(plan, ds, counters, dict(parallel, num_parallel_calls=plan.cores))
+    return ds.batch(plan.batch_size, drop_remainder=plan.training)
+
+
+def _reshuffled_blocks(plan: ReadPlan, ds):
+    """Blocks replayed from the cache, or read in a fixed order, would fill the same
+    windows every epoch: in training they are shuffled (about a window's worth). The
+    prefetch asks for the first block when the iterator starts, so reading begins at once."""
+    if plan.training and (plan.cache is not None or not plan.reshuffle_each_epoch):
+        return ds.shuffle(max(2, plan.shuffle_buffer // BLOCK), seed=plan.seed).prefetch(1)
+    return ds
 
 
 def _options():

@@ -22,13 +22,14 @@ import logging
 import os
 from typing import Any
 
+from chute import checks
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.lazy import tf
-from chute.read.augment import make_augmenter
+from chute.read.augment import PLACES, DeviceAugmentation, parse_augment
 from chute.read.graph import build
-from chute.read.plan import ReadPlan, make_plan
+from chute.read.plan import DEFAULT_CROP_RATIO, DEFAULT_CROP_SCALE, ReadPlan, make_plan
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,10 @@ def load(
     dtype: str = "uint8",
     label_mode: str | None = "int",
     augment: list | tuple | None = None,
+    augment_on: str = "host",
+    crop_scale: tuple[float, float] = DEFAULT_CROP_SCALE,
+    crop_ratio: tuple[float, float] = DEFAULT_CROP_RATIO,
+    crop_fraction: float | None = None,
     cache: str | None = "auto",
     seed: int | None = None,
     shuffle_buffer: int = 8192,
@@ -64,17 +69,35 @@ def load(
         batch_size: examples per batch **per replica**; the global batch is
             ``batch_size * replicas`` (see ``input_context`` and ``strategy``).
         training: shuffle, drop the remainder and augment; default: ``split == "train"``.
-        image_size: ``(height, width)`` to resize to; default: as stored.
+        image_size: ``(height, width)`` of the images yielded; default: as
+            stored (needed for images stored at their own sizes).
         dtype: ``"uint8"`` (0-255, the default: models rescale inside), or
             ``"float32"``/``"bfloat16"`` scaled to [0, 1].
         label_mode: ``"int"``, ``"categorical"`` (one-hot), ``"binary"`` (two
             classes, float 0/1) or ``None`` (images only), as in Keras.
-        augment: names from ``flip``, ``rotation``, ``zoom``, ``translation``,
-            ``contrast``, ``brightness``, or Keras layers; training only.
-        cache: ``"auto"`` (keep decoded images in RAM when the split fits a
-            quarter of physical memory), ``"memory"``, ``"disk:PATH"`` or ``None``.
+        augment: training only: ``"crop"`` (an Inception-style random-resized
+            crop, fused with decoding) and ``"flip"`` (left-right, per image), and
+            the heavier ``"rotation"``, ``"zoom"``, ``"translation"``,
+            ``"contrast"``, ``"brightness"``, ``"randaugment"``, ``"mixup"``,
+            ``"cutmix"`` (needs ``label_mode="categorical"``) or Keras layers
+            (see :mod:`chute.read.augment`).
+        augment_on: where the heavy augmentations run: ``"host"`` (per batch in
+            this pipeline) or ``"device"`` (left to the model's train step: the
+            dataset's ``device_augmentation`` applies them to a batch, as
+            ``chute train`` does on an accelerator).
+        crop_scale: ``(min, max)`` share of an image's area that a random crop covers.
+        crop_ratio: ``(min, max)`` aspect ratio (width / height) of a random crop.
+        crop_fraction: evaluation: the centred window of ``image_size``'s
+            aspect ratio over this share of the shorter side, resized to
+            ``image_size`` (``chute.predict`` does the same). Default: 0.875 for
+            images stored at their aspect ratio (``convert --shorter-side`` or
+            ``--keep-size``), 1 (the whole image) for a fixed stored size.
+        cache: ``"auto"`` (keep decoded images, or for cropped images their
+            records, in RAM when the split fits a quarter of physical memory),
+            ``"memory"``, ``"disk:PATH"`` or ``None``.
         seed: makes shuffling, interleave order and augmentation reproducible
-            (with a seed, augmentation runs one batch at a time).
+            for any number of cores (crops and flips are keyed per image; with a
+            seed, heavy augmentation on the host runs one batch at a time).
         shuffle_buffer: records mixed together (training): batches are drawn
             from windows of this many records read from several shards, at
             most 128 MB of pixels each (about four windows are held at once).
@@ -95,7 +118,8 @@ def load(
 
     Returns:
         A ``tf.data.Dataset`` with ``class_names``, ``num_examples``,
-        ``per_replica_batch_size``, ``global_batch_size`` and ``corrupt_count()``;
+        ``per_replica_batch_size``, ``global_batch_size``, ``corrupt_count()`` and
+        ``device_augmentation`` (None unless ``augment_on="device"``);
         ``len(ds)`` is the exact number of batches of an epoch (unless
         ``skip_corrupt`` or ``repeat``).
 
@@ -113,6 +137,13 @@ def load(
     if strategy is not None:
         return _distributed(path, split, strategy, locals())
     manifest = manifest_lib.load(path)
+    spec = parse_augment(augment)  # checked in evaluation too
+    checks.one_of("augment_on", augment_on, PLACES)
+    if spec.mixing and label_mode != "categorical":
+        raise ChuteError(
+            "`augment` with 'mixup' or 'cutmix' mixes labels: it needs "
+            f"label_mode='categorical'. Received: label_mode={label_mode!r}"
+        )
     plan = make_plan(
         manifest,
         split,
@@ -128,15 +159,23 @@ def load(
         repeat=repeat,
         skip_corrupt=skip_corrupt,
         input_context=input_context,
+        augment=spec,
+        crop_scale=crop_scale,
+        crop_ratio=crop_ratio,
+        crop_fraction=crop_fraction,
     )
-    augmenter = make_augmenter(augment, plan.seed)  # checked in evaluation too
+    # a flip not fused with per-image decoding is a Keras layer, like the heavy ones
+    heavy = spec.heavy if plan.per_image or not spec.flip else ("flip", *spec.heavy)
+    augmentation = DeviceAugmentation(heavy, plan.seed) if plan.training and heavy else None
+    on_host = augmentation if augment_on == "host" else None
     plan, lost = _without_unreadable(plan)
     counters = _counters(lost) if plan.skip_corrupt else {}
-    dataset = build(plan, counters=counters, augmenter=augmenter if plan.training else None)
+    dataset = build(plan, counters=counters, augmentation=on_host)
     dataset.class_names = list(manifest.class_names)
     dataset.num_examples = plan.num_examples
     dataset.per_replica_batch_size = plan.batch_size
     dataset.global_batch_size = plan.batch_size * plan.replicas
+    dataset.device_augmentation = augmentation if augment_on == "device" else None
     dataset.corrupt_count = lambda: int(
         sum(counters[name].numpy() * sign for name, sign in _COUNTED.items() if name in counters)
     )

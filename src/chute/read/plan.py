@@ -19,13 +19,17 @@ from chute.format.manifest import Manifest
 from chute.format.spec import ImageSpec
 from chute.ingest.options import parse_image_size
 from chute.machine import available_cores, physical_memory
+from chute.read.augment import AugmentSpec
 
 log = logging.getLogger(__name__)
 
 LABEL_MODES = ("int", "categorical", "binary", None)
 DTYPES = ("uint8", "float32", "bfloat16")
 BLOCK = 256  # records read, checked and decoded together from one shard
-WINDOW_BYTES = 128 << 20  # the most decoded pixels one shuffle window holds
+WINDOW_BYTES = 128 << 20  # the most one shuffle window holds (decoded pixels, or records)
+DEFAULT_CROP_SCALE = (0.08, 1.0)  # Inception-style random-resized crop: share of the area
+DEFAULT_CROP_RATIO = (3 / 4, 4 / 3)  # and aspect ratio (width / height) of the window
+DEFAULT_CROP_FRACTION = 0.875  # evaluation: centre crop of 224 from 256, the usual
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +46,17 @@ class ReadPlan:
         reshuffle_each_epoch: a new shard order and new block boundaries each epoch.
         every_nth: ``(pipelines, index)``: keep every n-th record, when there
             are fewer shards than input pipelines.
-        cache: ``tf.data`` cache file name (``""`` in memory), or None.
+        per_image: each image is decoded, cropped and resized on its own after the
+            shuffle (:mod:`chute.read.images`): images stored at other sizes,
+            random-resized crops, or a centre crop. Otherwise blocks of
+            decoded pixels are cached and shuffled (images stored at the size read).
+        cache: ``tf.data`` cache file name (``""`` in memory), or None; with
+            ``per_image``, the encoded records are cached.
         window: records per shuffle window (training).
-        resize: raw images stored at another size are resized per batch.
+        random_crop: ``(scale, ratio)`` ranges of training's random-resized
+            crop, or None.
+        flip: flip left-right per image while decoding (with ``per_image``).
+        crop_fraction: evaluation's centre crop (with ``per_image``).
         steps: batches in an epoch.
     """
 
@@ -65,7 +77,10 @@ class ReadPlan:
     seed: int | None
     dtype: str
     label_mode: str | None
-    resize: bool
+    per_image: bool
+    random_crop: tuple[tuple[float, float], tuple[float, float]] | None
+    flip: bool
+    crop_fraction: float
     window: int | None
     shuffle_buffer: int
     repeat: bool
@@ -96,6 +111,10 @@ def make_plan(
     repeat: bool,
     skip_corrupt: bool,
     input_context: Any,
+    augment: AugmentSpec,
+    crop_scale: Any = DEFAULT_CROP_SCALE,
+    crop_ratio: Any = DEFAULT_CROP_RATIO,
+    crop_fraction: float | None = None,
 ) -> ReadPlan:
     """Checks ``chute.load``'s arguments against the manifest and resolves them (see there)."""
     manifest.check_split(split)
@@ -126,6 +145,18 @@ def make_plan(
             "Received: image_size=None"
         )
     shape = (*size, stored.channels)
+    if crop_fraction is None:  # photos kept larger than read get the usual 0.875
+        crop_fraction = 1.0 if stored.fixed_size else DEFAULT_CROP_FRACTION
+    crop_fraction = checks.number_in("crop_fraction", crop_fraction, 0.0, 1.0)
+    if crop_fraction == 0:
+        raise checks.bad_value("crop_fraction", crop_fraction, "a number in (0, 1]")
+    random_crop = None
+    if training and augment.crop:
+        random_crop = (
+            _range("crop_scale", crop_scale, 0.0, 1.0),
+            _range("crop_ratio", crop_ratio, 0.0, 100.0),
+        )
+    per_image = random_crop is not None or stored.size != size or crop_fraction < 1
 
     pipelines, index, replicas = 1, 0, 1
     if input_context is not None:
@@ -153,14 +184,19 @@ def make_plan(
         reshuffle_each_epoch=training and every_nth is None,
         every_nth=every_nth,
         cores=available_cores(),
-        cache=_cache_target(cache, manifest, split),
+        cache=_cache_target(cache, manifest, split, per_image),
         batch_size=batch_size,
         replicas=replicas,
         seed=None if seed is None else int(seed),
         dtype=dtype,
         label_mode=label_mode,
-        resize=stored.encoding == "raw" and stored.size != size,
-        window=_window(shuffle_buffer, batch_size, stored, shape) if training else None,
+        per_image=per_image,
+        random_crop=random_crop,
+        flip=per_image and training and augment.flip,
+        crop_fraction=crop_fraction if not training else 1.0,
+        window=_window(shuffle_buffer, batch_size, manifest, split, shape, per_image)
+        if training
+        else None,
         shuffle_buffer=shuffle_buffer,
         repeat=repeat and training,
         pad_final_batch=pad_final_batch,
@@ -190,7 +226,7 @@ def memory_budget() -> int:
     return memory // 4 if memory else 2 << 30
 
 
-def _cache_target(cache: str | None, manifest: Manifest, split: str) -> str | None:
+def _cache_target(cache: str | None, manifest: Manifest, split: str, encoded: bool) -> str | None:
     if cache is None:
         return None
     if cache == "memory":
@@ -200,24 +236,49 @@ def _cache_target(cache: str | None, manifest: Manifest, split: str) -> str | No
     if cache != "auto":
         raise checks.bad_value("cache", cache, "'auto', 'memory', 'disk:PATH' or None")
     spec = manifest.image
-    if not spec.fixed_size:
-        return None
-    decoded = manifest.num_examples(split) * spec.height * spec.width * spec.channels
-    fits = decoded <= memory_budget()
+    if encoded:  # images decoded anew each epoch (crops): the records are what is kept
+        size, what = sum(s["bytes"] for s in manifest.splits[split]["shards"]), "is"
+    else:
+        size = manifest.num_examples(split) * spec.height * spec.width * spec.channels
+        what = "decodes to"
+    fits = size <= memory_budget()
     log.info(
-        "cache=auto: %s split decodes to %.0f MB: %s",
+        "cache=auto: %s split %s %.0f MB: %s",
         split,
-        decoded / 1e6,
+        what,
+        size / 1e6,
         "kept in memory" if fits else "read from the shards each epoch",
     )
     return "" if fits else None
 
 
-def _window(shuffle_buffer: int, batch_size: int, stored: ImageSpec, shape: tuple) -> int:
-    """Records per shuffle window: ``shuffle_buffer``, at most ``WINDOW_BYTES`` of
-    decoded uint8 pixels (as stored for raw images, as decoded otherwise), whole batches."""
-    height, width, channels = stored.shape if stored.encoding == "raw" else shape
-    window = min(shuffle_buffer, max(batch_size, WINDOW_BYTES // (height * width * channels)))
+def _window(
+    shuffle_buffer: int,
+    batch_size: int,
+    manifest: Manifest,
+    split: str,
+    shape: tuple,
+    encoded: bool,
+) -> int:
+    """Records per shuffle window: ``shuffle_buffer``, at most ``WINDOW_BYTES`` of what
+    the window holds (encoded records with ``encoded``, else decoded pixels), whole batches."""
+    if encoded:
+        shards = manifest.splits[split]["shards"]
+        per_record = sum(s["bytes"] for s in shards) / max(1, manifest.num_examples(split))
+    else:
+        per_record = shape[0] * shape[1] * shape[2]
+    window = min(shuffle_buffer, max(batch_size, int(WINDOW_BYTES // max(1, per_record))))
     if window < shuffle_buffer:
-        log.info("shuffle window: %d records (%d MB of pixels)", window, WINDOW_BYTES >> 20)
+        log.info("shuffle window: %d records (%d MB)", window, WINDOW_BYTES >> 20)
     return batch_size * max(1, window // batch_size)
+
+
+def _range(name: str, value: Any, low: float, high: float) -> tuple[float, float]:
+    """A ``(min, max)`` pair of numbers with ``low < min <= max <= high``."""
+    allowed = f"a (min, max) pair with {low:g} < min <= max <= {high:g}"
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise checks.bad_value(name, value, allowed)
+    first, second = (checks.number_in(name, v, low, high, what=allowed) for v in value)
+    if first <= low or first > second:
+        raise checks.bad_value(name, value, allowed)
+    return first, second

@@ -2,8 +2,9 @@
 
 Each block of up to 256 records is parsed with one vectorised
 ``parse_example`` and checked in the same call: raw images must have the
-manifest's length (and are decoded there with one ``decode_raw``), PNG and
-JPEG ones its signature (they leave as bytes, for the per-image decoder).
+manifest's length (and, read at their stored size, are decoded there with one
+``decode_raw``), PNG and JPEG ones its signature (they leave as bytes, for the
+per-image decoder).
 Per-record steps on serialized records cost more than parsing them, so there
 are none. A shard that fails its CRC, is truncated or is missing ends early;
 an empty block marks each shard's end, where the records read are compared
@@ -76,7 +77,7 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
                             "(run `chute verify`, or pass skip_corrupt=True)"]),
                 ]  # fmt: skip
             with tf.control_dependencies(checks):
-                if stored.encoding == "raw":
+                if stored.encoding == "raw" and not plan.per_image:
                     data = tf.reshape(tf.io.decode_raw(data, tf.uint8), shape)
                 return seen + read_now, (tf.identity(data), labels)
 
