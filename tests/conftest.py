@@ -6,6 +6,7 @@ Helpers the tests call directly live in the plain module ``helpers``.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from helpers import make_folder
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# Keras reads KERAS_HOME once, when it is imported: tests get a cache folder of their own
+# (seeded by the tests that need weights in it), never the user's ~/.keras.
+os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="chute-test-keras-")
 
 
 @pytest.fixture

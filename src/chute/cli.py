@@ -47,8 +47,9 @@ def _add_options(parser: argparse.ArgumentParser, options: type) -> None:
             kwargs["type"] = meta.get("type") or type(field.default)
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
-            if meta.get("metavar"):
-                kwargs["metavar"] = meta["metavar"]
+            metavar = meta.get("metavar") or {int: "N", float: "X"}.get(kwargs["type"])
+            if metavar and not meta.get("choices"):
+                kwargs["metavar"] = metavar
         parser.add_argument("--" + field.name.replace("_", "-"), **kwargs)
 
 

@@ -202,7 +202,9 @@ def test_save_bundle_checks_against_the_model(model, tmp_path: Path):
     with pytest.raises(ChuteError, match=r"one name per model output \(3\).*2 class names"):
         save_bundle(model, tmp_path / "b", **{**args, "class_names": ["a", "b"]})
     with pytest.raises(ChuteError, match=r"`image` must match the model's input shape"):
-        save_bundle(model, tmp_path / "b", **{**args, "image": ImageSpec(9, 8, 1)})
+        save_bundle(model, tmp_path / "b", **{**args, "image": ImageSpec(8, 8, 3)})
+    with pytest.raises(ChuteError, match=r"`crop_fraction` must be"):
+        save_bundle(model, tmp_path / "b", **args, crop_fraction=0)
     with pytest.raises(ChuteError, match=r"`image` must be an ImageSpec"):
         save_bundle(model, tmp_path / "b", **{**args, "image": IMAGE.to_dict()})
     with pytest.raises(ChuteError, match=r"`resize` must be one of"):
@@ -212,9 +214,12 @@ def test_save_bundle_checks_against_the_model(model, tmp_path: Path):
     with pytest.raises(ChuteError, match="`info` must be JSON-serialisable"):
         save_bundle(model, tmp_path / "b", **args, info={"x": object()})
     assert not (tmp_path / "b" / "chute.json").exists()
-    # A missing height and width come from the model's input shape.
-    save_bundle(model, tmp_path / "b", **{**args, "image": ImageSpec(None, None, 1)})
-    assert load_bundle(tmp_path / "b").image == IMAGE
+    # The input size comes from the model, whatever size the images were stored at.
+    stored = ImageSpec(None, None, 1, "png", shorter_side=30)
+    save_bundle(model, tmp_path / "b", **{**args, "image": stored}, crop_fraction=0.5)
+    loaded = load_bundle(tmp_path / "b")
+    assert loaded.image == stored and loaded.input_size == (8, 8)
+    assert loaded.crop_fraction == 0.5
 
 
 def test_a_version_1_bundle_still_loads(model, bundle_dir: Path, tmp_path: Path):
@@ -514,3 +519,46 @@ def test_export_errors(bundle_dir: Path, tmp_path: Path):
         with pytest.raises(ChuteError, match="must not be the bundle's folder or a folder above"):
             export(bundle_dir, inside, format="keras", overwrite=True)
     assert sorted(os.listdir(bundle_dir)) == ["chute.json", "model.keras"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"shorter_side": 20},  # JPEG photos kept at their aspect ratio: a 0.875 centre crop
+        {"image_size": 12, "resize": "crop", "encoding": "jpeg"},
+        {"image_size": 12, "resize": "pad", "encoding": "raw"},
+    ],
+)
+def test_predict_scores_a_file_as_evaluate_scores_its_record(tmp_path, options):
+    """A file gets in predict exactly the pixels its record gets in evaluation, so the
+    model's scores are the same."""
+    import keras
+
+    src = tmp_path / "src"
+    for c, name in enumerate(["a", "b"]):
+        for i, size in enumerate([(30, 40), (44, 26), (24, 24)]):
+            write_image(src / name / f"{i}.jpg", size=size, mode="RGB", seed=10 * c + i)
+    out = tmp_path / "out"
+    manifest = chute.convert(src, out, workers=1, **options).manifest
+    inputs = keras.Input((12, 12, 3), dtype="uint8")
+    x = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(x))
+    fraction = 0.875 if "shorter_side" in options else 1.0
+    save_bundle(
+        model, tmp_path / "b", class_names=["a", "b"], image=manifest.image, crop_fraction=fraction
+    )
+    report_ds = chute.load(
+        out, training=False, batch_size=32, image_size=(12, 12), crop_fraction=fraction
+    )
+    (images, _), *_ = list(report_ds)
+    keys = [record["key"] for record in read_records(manifest.shard_paths("train")[0])]
+    keys += [r["key"] for path in manifest.shard_paths("train")[1:] for r in read_records(path)]
+    files = [str(src / key) for key in keys]
+    bundle = load_bundle(tmp_path / "b")
+    for file, image in zip(files, images.numpy(), strict=True):
+        np.testing.assert_array_equal(prepare_image(file, bundle), image)
+    scores = predict(tmp_path / "b", files, top_k=2)
+    expected = model.predict_on_batch(images.numpy())
+    for prediction, row in zip(scores.predictions, expected, strict=True):
+        got = dict(prediction.top)
+        np.testing.assert_allclose([got["a"], got["b"]], row, rtol=1e-5)

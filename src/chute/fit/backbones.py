@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import re
 from typing import Any
 
@@ -39,6 +40,58 @@ def is_model_function(attribute: str) -> bool:
 def application_names() -> list[str]:
     """Every ``keras.applications`` model function name."""
     return [a for a in dir(keras.applications) if not a.startswith("_") and is_model_function(a)]
+
+
+# keras.applications' own input sizes where they are not 224
+DEFAULT_SIZES = {
+    "InceptionV3": 299,
+    "InceptionResNetV2": 299,
+    "Xception": 299,
+    "NASNetLarge": 331,
+    "EfficientNetB1": 240,
+    "EfficientNetB2": 260,
+    "EfficientNetB3": 300,
+    "EfficientNetB4": 380,
+    "EfficientNetB5": 456,
+    "EfficientNetB6": 528,
+    "EfficientNetB7": 600,
+    "EfficientNetV2B1": 240,
+    "EfficientNetV2B2": 260,
+    "EfficientNetV2B3": 300,
+    "EfficientNetV2S": 384,
+    "EfficientNetV2M": 480,
+    "EfficientNetV2L": 480,
+}
+
+
+def default_size(app_name: str) -> int:
+    """The input size a ``keras.applications`` model is trained at on ImageNet (square).
+
+    Example:
+        >>> default_size("MobileNetV2"), default_size("EfficientNetB3")
+        (224, 300)
+    """
+    return DEFAULT_SIZES.get(app_name, 224)
+
+
+def keras_cache() -> str:
+    """The folder Keras keeps downloaded weights in (``$KERAS_HOME/models``, by default
+    ``~/.keras/models``)."""
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    return os.path.join(home, "models")
+
+
+def _download_failed(app_name: str, error: BaseException) -> str:
+    """What to do when Keras cannot fetch a backbone's ImageNet weights (offline, most often)."""
+    url = re.search(r"https?://\S+?\.h5", str(error))
+    file = url[0].rsplit("/", 1)[-1] if url else "the weights file"
+    where = f" from {url[0]}" if url else ""
+    return (
+        f"`weights='imagenet'`: Keras could not download {app_name}'s ImageNet weights "
+        f"{file}{where} ({str(error).splitlines()[0][:200]}). Offline, put {file} into "
+        f"Keras's cache folder {keras_cache()} (set KERAS_HOME to use another), and run "
+        "the same command again; nothing else is needed"
+    )
 
 
 def _input_transform(family: str) -> tuple[list[int], list[float], list[float]]:
@@ -93,15 +146,21 @@ def application_model(
     num_classes: int,
     dropout: float,
     given_shape: Any,
+    *,
+    imagenet: bool = False,
 ) -> tuple[Any, Any]:
-    """A keras.applications backbone between the uint8 input and a Dropout + Dense head."""
+    """A keras.applications backbone between the uint8 input and a Dropout + Dense head.
+
+    With ``imagenet``, the backbone's ImageNet weights come through Keras: from
+    its cache, or downloaded into it.
+    """
     function = getattr(keras.applications, app_name)
     family = function.__module__.rsplit(".", 1)[-1]
     order, scale, offset = _input_transform(family)
     kwargs: dict[str, Any] = {
         "input_shape": (shape[0], shape[1], 3),
         "include_top": False,
-        "weights": None,  # never "imagenet": nothing is downloaded at run time
+        "weights": "imagenet" if imagenet else None,
         "pooling": "avg",
     }
     if "name" in inspect.signature(function).parameters:
@@ -116,6 +175,10 @@ def application_model(
             else f"a shape {app_name} accepts ({str(error).splitlines()[0]})"
         )
         raise checks.bad_value("input_shape", given_shape, allowed) from None
+    except Exception as error:  # Keras raises a bare Exception when a download fails
+        if not imagenet:
+            raise
+        raise ChuteError(_download_failed(app_name, error)) from None
 
     inputs = image_input(shape)
     x = inputs

@@ -17,9 +17,11 @@ from typing import Any
 from chute import checks
 from chute.errors import ChuteError
 from chute.fit.strategy import KINDS, PRECISIONS
+from chute.ingest.options import parse_image_size
 from chute.settings import from_mapping, option
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
+AUGMENT_ON = ("auto", "host", "device")
 SCHEDULES = ("constant", "cosine", "exponential")
 CLASS_WEIGHTS = (None, "balanced")
 
@@ -49,8 +51,27 @@ class TrainConfig:
         strategy: ``auto``, ``tpu``, ``gpu``, ``cpu`` or ``multiworker``.
         tpu: a TPU name or address.
         precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
-        augment: augmentation names for the training data (see ``chute.load``).
-        weights: a local weights file for the model.
+        augment: augmentation names for the training data (see ``chute.load``):
+            ``crop`` and ``flip`` fused with decoding, the heavier ones where
+            ``augment_on`` says.
+        augment_on: ``auto`` (on the accelerator when there is one, else the
+            host), ``host`` or ``device``: where the heavy augmentations run.
+        image_size: the model's input size; default: the stored size, or for
+            photos kept at their aspect ratio the backbone's usual size (224 for
+            most ``keras.applications`` models).
+        crop_fraction: the centre crop of evaluation and ``predict`` (see
+            ``chute.load``); default: from the dataset.
+        weights: ``imagenet`` (a ``keras.applications`` backbone's pretrained
+            weights, downloaded and cached by Keras) or a local weights file.
+        fine_tune: with pretrained weights: ``all`` or a number N: after
+            ``head_epochs`` epochs of training the new head on the frozen
+            backbone, unfreeze all of it (or its top N layers; BatchNorm stays
+            frozen) and train at ``fine_tune_learning_rate``. Without it, the
+            backbone stays frozen throughout.
+        head_epochs: epochs of the head alone before fine-tuning (default: a
+            third of ``epochs``, at least 1).
+        fine_tune_learning_rate: the learning rate after unfreezing (default:
+            a tenth of ``learning_rate``).
         seed: seeds Keras, the data order and augmentation.
     """
 
@@ -74,9 +95,33 @@ class TrainConfig:
     tpu: str | None = option(None, "TPU name or address", type=str, metavar="ADDRESS")
     precision: str = option("auto", "Keras mixed-precision policy", choices=PRECISIONS)
     augment: tuple[str, ...] = option(
-        (), "comma-separated: flip,rotation,zoom,translation,...", type=_names, metavar="NAMES"
+        (),
+        "comma-separated: crop,flip,rotation,zoom,translation,contrast,brightness,"
+        "randaugment,mixup,cutmix",
+        type=_names,
+        metavar="NAMES",
     )
-    weights: str | None = option(None, "local weights file for the model", type=str, metavar="FILE")
+    augment_on: str = option("auto", "where heavy augmentations run", choices=AUGMENT_ON)
+    image_size: tuple[int, int] | None = option(
+        None, "model input H[xW] (default: stored, or the backbone's)", type=str, metavar="H[xW]"
+    )
+    crop_fraction: float | None = option(
+        None, "evaluation/predict centre crop (default: from the dataset)", type=float
+    )
+    weights: str | None = option(
+        None, "'imagenet' (Keras downloads and caches it) or a local weights file", type=str,
+        metavar="imagenet|FILE",
+    )  # fmt: skip
+    fine_tune: str | None = option(
+        None, "after head-only epochs, unfreeze the backbone: 'all' or its top N layers",
+        type=str, metavar="all|N",
+    )  # fmt: skip
+    head_epochs: int | None = option(
+        None, "epochs of the head alone before fine-tuning (default: a third)", type=int
+    )
+    fine_tune_learning_rate: float | None = option(
+        None, "learning rate after unfreezing (default: learning_rate / 10)", type=float
+    )
     seed: int = option(1337, "seeds Keras, the data order and augmentation")
 
     def __post_init__(self) -> None:
@@ -97,7 +142,49 @@ class TrainConfig:
         checks.optional_positive_int("steps_per_execution", self.steps_per_execution)
         checks.optional_positive_int("early_stopping", self.early_stopping)
         object.__setattr__(self, "augment", _names(self.augment))
+        checks.one_of("augment_on", self.augment_on, AUGMENT_ON)
+        object.__setattr__(self, "image_size", parse_image_size(self.image_size))
+        if self.crop_fraction is not None:
+            checks.number_in("crop_fraction", self.crop_fraction, 0.0, 1.0)
+            if self.crop_fraction == 0:
+                raise checks.bad_value("crop_fraction", 0, "a number in (0, 1]")
+        if self.fine_tune is not None:
+            text = str(self.fine_tune)
+            if text != "all" and not (text.isdigit() and int(text) > 0):
+                raise checks.bad_value(
+                    "fine_tune", self.fine_tune, "'all' or a positive number of top layers"
+                )
+            object.__setattr__(self, "fine_tune", text)
+            if self.weights is None:
+                raise ChuteError(
+                    "`fine_tune` unfreezes a pretrained backbone: pass weights ('imagenet' or "
+                    f"a file). Received: fine_tune={self.fine_tune!r}, weights=None"
+                )
+        if self.fine_tune is not None and self.epochs < 2:
+            raise checks.bad_value(
+                "epochs", self.epochs, "at least 2 with fine_tune (head, then all)"
+            )
+        if self.head_epochs is not None:
+            last = self.epochs - 1 if self.fine_tune else self.epochs
+            checks.int_in("head_epochs", self.head_epochs, 1, last)
+        if self.fine_tune_learning_rate is not None:
+            rate = self.fine_tune_learning_rate
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 10:
+                raise checks.bad_value("fine_tune_learning_rate", rate, "a number between 0 and 10")
         checks.int_in("seed", self.seed, 0, what="a non-negative integer")
+
+    @property
+    def pretrained(self) -> bool:
+        """Whether the backbone starts from pretrained weights (ImageNet's or a file's)."""
+        return self.weights is not None
+
+    def phases(self) -> list[tuple[str, int]]:
+        """The run's phases and their epochs: ``[("head", n), ("fine-tune", m)]`` when
+        fine-tuning, else one phase (``"head"`` when a pretrained backbone stays frozen)."""
+        if self.fine_tune is None:
+            return [("head" if self.pretrained else "all", self.epochs)]
+        head = self.head_epochs or max(1, self.epochs // 3)
+        return [("head", head), ("fine-tune", self.epochs - head)]
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> TrainConfig:

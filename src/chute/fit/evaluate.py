@@ -78,7 +78,15 @@ def evaluate(
             f"({len(loaded.class_names)} vs {manifest.num_classes} classes)"
         )
     manifest.check_split(split)
-    dataset = load(manifest, split, batch_size=batch_size, training=False, cache=None)
+    dataset = load(
+        manifest,
+        split,
+        batch_size=batch_size,
+        training=False,
+        cache=None,
+        image_size=loaded.input_size,  # prepared as the model was trained and predicts
+        crop_fraction=loaded.crop_fraction,
+    )
     probabilities, labels = [], []
     samples: dict[int, np.ndarray] = {}  # one image per class, for the confusion picture
     for images, batch_labels in dataset:

@@ -20,6 +20,7 @@ import numpy as np
 from chute.fit.config import TrainConfig
 from chute.fit.objective import categorical, make_loss, make_optimizer
 from chute.fit.rundir import RunDir
+from chute.fit.trainer import checkpoints
 from chute.format import storage
 from chute.lazy import tf
 
@@ -37,6 +38,10 @@ def fit_multiworker(
     class_weight: dict | None,
     run: RunDir,
     monitor: str,
+    epochs: int,
+    learning_rate: float,
+    backup: str,
+    augmentation=None,
 ) -> tuple[dict[str, list[float]], list[float]]:
     """A plain training loop for MultiWorkerMirroredStrategy (Keras's fit fails there).
 
@@ -44,13 +49,15 @@ def fit_multiworker(
     no collective waits for a worker that ran out of data), validates on the
     whole val split by itself (identical weights, no collectives), keeps a
     ``tf.train.CheckpointManager`` backup per epoch (a killed run resumes) and
-    saves ``checkpoints/best.keras`` and ``last.keras`` like the fit path.
+    saves ``checkpoints/best.keras`` and ``last.keras`` like the fit path. One
+    call trains one phase (``epochs`` at ``learning_rate``, backed up in
+    ``backup``); ``augmentation`` runs on each replica's batch in the step.
 
     Returns:
         The history (metric name -> value per epoch) and the seconds of each epoch run.
     """
     with strategy.scope():
-        optimizer = make_optimizer(config, steps)
+        optimizer = make_optimizer(config, steps, learning_rate=learning_rate, epochs=epochs)
         loss_fn = make_loss(config, reduction="none")
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
     is_categorical = categorical(config)
@@ -66,6 +73,11 @@ def fit_multiworker(
     @tf.function
     def train_step(iterator):
         def step(images, labels):
+            if augmentation is not None:
+                if augmentation.mixing:
+                    images, labels = augmentation(images, labels)
+                else:
+                    images = augmentation(images)
             with tf.GradientTape() as tape:
                 probs = model(images, training=True)
                 per_example = loss_fn(labels, probs)
@@ -95,21 +107,21 @@ def fit_multiworker(
         )
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
-    manager = tf.train.CheckpointManager(checkpoint, run.backup, max_to_keep=1)
+    manager = tf.train.CheckpointManager(checkpoint, backup, max_to_keep=1)
     resumed = manager.latest_checkpoint is not None
     if resumed:
         checkpoint.restore(manager.latest_checkpoint)
     history: dict[str, list[float]] = {}
-    history_file = run.join("history.json.partial")
+    history_file = storage.join(backup, "history.json")
     if resumed and storage.exists(history_file):
         history = json.loads(storage.read_bytes(history_file))
     seconds: list[float] = []
     scores = history.get(monitor, [])
-    best = max(scores) if scores else None  # a resumed run keeps its best so far
-    waited = len(scores) - 1 - scores.index(best) if scores else 0
+    waited = len(scores) - 1 - scores.index(max(scores)) if scores else 0  # early stopping
+    saving = checkpoints(model, run, monitor)  # last.keras, and best.keras over the whole run
     writer = tf.summary.create_file_writer(run.logs)  # TensorBoard
     iterator = iter(train_ds)
-    for _ in range(int(epoch.numpy()), config.epochs):
+    for _ in range(int(epoch.numpy()), epochs):
         started = time.perf_counter()
         totals = np.zeros(3)
         for _ in range(steps):
@@ -134,23 +146,15 @@ def fit_multiworker(
                 history.setdefault(name, []).append(float(value))
                 tf.summary.scalar(name, value, step=epoch)
         epoch.assign_add(1)
-        model.save(run.checkpoint("last"))
-        if best is None or results[monitor] > best:
-            best, waited = results[monitor], 0
-            model.save(run.checkpoint("best"))
-        else:
-            waited += 1
+        for callback in saving:
+            callback.on_epoch_end(int(epoch.numpy()) - 1, results)
+        scores = history[monitor]
+        waited = 0 if scores[-1] >= max(scores) else waited + 1
         manager.save()
         storage.write_atomic(history_file, json.dumps(history).encode())
         seconds.append(time.perf_counter() - started)
         log.info("epoch %d: %s", int(epoch.numpy()), {k: round(v, 4) for k, v in results.items()})
         if config.early_stopping and waited >= config.early_stopping:
             break
-    storage.rmtree(run.backup)
-    storage.remove(history_file)
-    names = list(history)
-    rows = ["epoch," + ",".join(names)] + [
-        f"{e}," + ",".join(str(history[n][e]) for n in names) for e in range(len(history[names[0]]))
-    ]
-    storage.write_atomic(run.join("history.csv"), ("\n".join(rows) + "\n").encode())
+    storage.rmtree(backup)  # the phase is done
     return history, seconds

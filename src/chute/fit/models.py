@@ -12,8 +12,9 @@ Names: chute's own CNNs (:mod:`chute.fit.cnns`: ``"kannada-cnn"``,
 model function by its Keras name (:mod:`chute.fit.backbones`). Case and
 ``_``/``-`` do not matter when the match is unique.
 
-Weights are never downloaded: ``weights`` is ``None`` (random initialisation)
-or the path of a local file. Every model uses built-in layers and ops only, so
+``weights`` is ``None`` (random initialisation), ``"imagenet"`` (a
+``keras.applications`` backbone's pretrained weights, through Keras's own
+download and cache) or the path of a local file. Every model uses built-in layers and ops only, so
 ``keras.models.load_model(path, safe_mode=True)`` reloads it without chute.
 The softmax output layer is float32 whatever the mixed-precision policy.
 
@@ -53,6 +54,7 @@ MODEL_NAMES: tuple[str, ...] = (
 """The registry names; any other ``keras.applications`` model name works too."""
 
 _WEIGHTS_SUFFIXES = (".weights.h5", ".keras", ".h5")
+IMAGENET = "imagenet"
 
 
 def available_models() -> list[str]:
@@ -90,11 +92,13 @@ def build_model(
         input_shape: ``(height, width, channels)`` of the images, channels 1
             (grayscale) or 3 (RGB).
         num_classes: number of classes, at least 2.
-        weights: ``None`` for random initialisation, or the path of a local
+        weights: ``None`` for random initialisation; ``"imagenet"`` for a
+            ``keras.applications`` backbone's ImageNet weights (Keras downloads
+            them once into its cache, ``~/.keras/models``; offline, a clear
+            error names the file to put there); or the path of a local
             ``.weights.h5`` / ``.keras`` file (or a legacy ``.h5`` file, e.g.
-            the ``..._no_top.h5`` ImageNet weights of a backbone fetched ahead
-            of time). It is loaded into the whole model if it fits, else into
-            the ``keras.applications`` backbone. Nothing is ever downloaded.
+            a backbone's ``..._no_top.h5``), loaded into the whole model if it
+            fits, else into the backbone.
         dropout: dropout rate in ``[0, 1)`` of the model's Dropout layers.
 
     Returns:
@@ -116,7 +120,8 @@ def build_model(
     shape = _check_input_shape(input_shape)
     num_classes = checks.int_in("num_classes", num_classes, 2, what="an integer of at least 2")
     dropout = checks.number_in("dropout", dropout, 0.0, 1.0, high_open=True)
-    weights_path = _check_weights(weights)
+    weights_path = _check_weights(weights, resolved)
+    imagenet = weights_path == IMAGENET
 
     if resolved in cnns.CNNS:
         if min(shape[:2]) < cnns.MIN_SIZE:
@@ -128,9 +133,9 @@ def build_model(
         model, backbone = cnns.CNNS[resolved](shape, num_classes, dropout), None
     else:
         model, backbone = backbones.application_model(
-            resolved, shape, num_classes, dropout, input_shape
+            resolved, shape, num_classes, dropout, input_shape, imagenet=imagenet
         )
-    if weights_path is not None:
+    if weights_path is not None and not imagenet:
         _load_weights(model, backbone, weights_path, name)
     log.info(
         "Built model %r (%s): input %s uint8, %d classes, %d parameters",
@@ -149,8 +154,7 @@ def check_model(name: str, weights: str | os.PathLike[str] | None = None) -> Non
     Example:
         >>> check_model("Kannada_CNN")
     """
-    resolve_model(name)
-    _check_weights(weights)
+    _check_weights(weights, resolve_model(name))
 
 
 def resolve_model(name: Any) -> str:
@@ -209,22 +213,24 @@ def _check_input_shape(value: Any) -> tuple[int, int, int]:
     return height, width, channels
 
 
-def _check_weights(weights: Any) -> str | None:
+def _check_weights(weights: Any, model: str) -> str | None:
     if weights is None:
         return None
+    allowed = "None, 'imagenet' or the path of a local weights file"
     if not isinstance(weights, str | os.PathLike):
-        raise checks.bad_value("weights", weights, "None or the path of a local weights file")
+        raise checks.bad_value("weights", weights, allowed)
     path = os.fspath(weights)
-    if path.lower() == "imagenet":
-        raise ChuteError(
-            "`weights` must be None or the path of a local weights file: chute never "
-            "downloads weights at run time. Fetch the backbone's ImageNet '..._no_top.h5' "
-            f"file ahead of time and pass its path. Received: weights={path!r}"
-        )
+    if path.lower() == IMAGENET:
+        if model in cnns.CNNS:
+            raise ChuteError(
+                f"`weights='imagenet'` is for keras.applications backbones; {model!r} is "
+                "chute's own CNN. Received: weights='imagenet'"
+            )
+        return IMAGENET
     if not storage.exists(path):
         raise ChuteError(
-            f"`weights` must name an existing local weights file; nothing is downloaded at "
-            f"run time. Received: weights={path!r}, which does not exist"
+            f"`weights` must be {allowed}. Received: weights={path!r}, which does not exist "
+            "(a path is read as it is; only 'imagenet' is downloaded, by Keras)"
         )
     if not path.lower().endswith(_WEIGHTS_SUFFIXES):
         raise checks.bad_value(

@@ -11,22 +11,31 @@ from typing import Any
 
 from chute.fit.config import TrainConfig
 from chute.lazy import keras
+from chute.read.augment import MIXING
 
 
 def categorical(config: TrainConfig) -> bool:
-    """Whether labels are one-hot (label smoothing needs them), else integers."""
-    return config.label_smoothing > 0
+    """Whether labels are one-hot (label smoothing, MixUp and CutMix need them), else integers."""
+    return config.label_smoothing > 0 or any(name in MIXING for name in config.augment)
 
 
-def make_optimizer(config: TrainConfig, steps_per_epoch: int) -> Any:
-    """The optimizer, with the learning-rate schedule over the whole run."""
-    rate: Any = config.learning_rate
-    total = max(1, steps_per_epoch * config.epochs)
+def make_optimizer(
+    config: TrainConfig,
+    steps_per_epoch: int,
+    *,
+    learning_rate: float | None = None,
+    epochs: int | None = None,
+) -> Any:
+    """The optimizer, with the learning-rate schedule over ``epochs`` (default: the run's)
+    from ``learning_rate`` (default: the config's)."""
+    start = config.learning_rate if learning_rate is None else learning_rate
+    rate: Any = start
+    total = max(1, steps_per_epoch * (config.epochs if epochs is None else epochs))
     if config.schedule == "cosine":
-        rate = keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=total)
+        rate = keras.optimizers.schedules.CosineDecay(start, decay_steps=total)
     elif config.schedule == "exponential":
         rate = keras.optimizers.schedules.ExponentialDecay(
-            config.learning_rate, decay_steps=max(1, steps_per_epoch), decay_rate=0.9
+            start, decay_steps=max(1, steps_per_epoch), decay_rate=0.9
         )
     if config.optimizer == "sgd":
         return keras.optimizers.SGD(rate, momentum=0.9)

@@ -1,11 +1,13 @@
 """Classify image files with a model bundle, on the CPU.
 
 The "train on a TPU, recognise on a CPU" case: whatever the model was trained
-on, prediction runs on the CPU. Each image goes through the same steps
-``chute convert`` applied to the training images
-(:func:`chute.ingest.decode.load_pixels` with the bundle's image spec: EXIF
-orientation, channels, resize mode and interpolation) and reaches the model as uint8 pixels, as
-training batches did. A file that cannot be read is reported, not fatal.
+on, prediction runs on the CPU. Each image goes through the steps its record
+went through: what ``chute convert`` did (:func:`chute.ingest.decode.load_pixels`
+with the bundle's image spec: EXIF orientation, channels, size, resize mode,
+interpolation, and the stored encoding), then what evaluation does
+(:func:`chute.read.images.centre_crop` to the model's input size), so a file
+gets exactly the pixels its record gets in ``chute evaluate``. A file that
+cannot be read is reported, not fatal.
 
 Example:
     >>> result = predict("runs/kn", ["new/", "more/*.png"], top_k=3)  # doctest: +SKIP
@@ -30,9 +32,12 @@ from chute import checks
 from chute.errors import ChuteError
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
+from chute.format.spec import ImageSpec
 from chute.ingest import sources
 from chute.ingest.decode import Rejected, load_pixels
+from chute.ingest.encode import stored_bytes
 from chute.lazy import tf
+from chute.read.images import centre_crop
 
 log = logging.getLogger(__name__)
 
@@ -200,10 +205,11 @@ def predict(
 
 
 def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
-    """An image as the model's training data looked: ``(height, width, channels)`` uint8.
+    """An image as the model's evaluation data looks: ``(height, width, channels)`` uint8.
 
-    The same steps as ``chute convert`` (:func:`chute.ingest.decode.load_pixels`)
-    with the bundle's image spec: size, channels, resize mode and interpolation.
+    The same steps as ``chute convert`` (:func:`chute.ingest.decode.load_pixels`
+    and the stored encoding), then as evaluation (the centre crop of the
+    bundle's ``crop_fraction``, resized to its input size).
 
     Args:
         source: a path (local or TF filesystem), the file's bytes, or a Pillow image.
@@ -218,8 +224,17 @@ def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
     """
     if not isinstance(source, bytes) and isinstance(source, str | os.PathLike):
         source = os.fspath(source)
-    pixels, _ = load_pixels(source, bundle.image)
-    return pixels.reshape(*pixels.shape[:2], bundle.image.channels)
+    spec = bundle.image
+    pixels, original = load_pixels(source, spec)
+    pixels = pixels.reshape(*pixels.shape[:2], spec.channels)
+    if spec.encoding == "jpeg":  # lossy: the record's bytes, decoded as a reader does
+        data, stored = stored_bytes(pixels, original, spec), spec
+    else:  # raw and PNG keep the pixels as they are
+        stored = ImageSpec(*pixels.shape, "raw", interpolation=spec.interpolation)
+        data = pixels.tobytes()
+    with tf.device("/cpu:0"):
+        image = centre_crop(tf.constant(data), stored, bundle.input_size, bundle.crop_fraction)
+    return image.numpy()
 
 
 def _entries(images: Any) -> list[str]:

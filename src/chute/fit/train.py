@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -25,16 +26,18 @@ from typing import Any
 import numpy as np
 
 from chute.errors import ChuteError
-from chute.fit import models, rundir
+from chute.fit import backbones, cnns, models, rundir
 from chute.fit import strategy as strategy_lib
+from chute.fit import trainer as trainable
 from chute.fit.config import TrainConfig
 from chute.fit.objective import categorical, make_loss, make_metrics, make_optimizer
 from chute.format import manifest as manifest_lib
 from chute.format import storage
-from chute.format.bundle import Bundle, load_model, save_bundle
+from chute.format.bundle import load_model, save_bundle
 from chute.lazy import keras
+from chute.read.augment import FUSED, DeviceAugmentation
 from chute.read.load import load
-from chute.read.plan import pipeline_sizes
+from chute.read.plan import default_crop_fraction, pipeline_sizes
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,19 @@ class _Inputs:
     steps: int  # training steps per epoch
     global_batch: int
     monitor: str  # what "best" means: val_accuracy, or accuracy without a val split
+    input_shape: tuple[int, int, int]
+    crop_fraction: float
+    augment_on: str  # where the heavy augmentations run: "host" or "device"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Phase:
+    """A stretch of a run with one set of trainable layers and one learning rate."""
+
+    name: str  # "all", "head" or "fine-tune"
+    epochs: int
+    learning_rate: float
+    backup: str  # its own BackupAndRestore folder: a resumed run continues the phase
 
 
 def train(
@@ -106,9 +122,9 @@ def train(
     with _global_policy(precision):
         keras.utils.set_random_seed(config.seed)
         inputs = _inputs(manifest, config, strategy)
-        model = _compiled_model(config, manifest, strategy, inputs.steps)
-        history, seconds = _fit(model, strategy, inputs, config, manifest, run, verbose)
-        bundle = _save_best(model, manifest, run, config, precision, strategy)
+        model = _built_model(config, manifest, strategy, inputs)
+        history, seconds = _fit_phases(model, strategy, inputs, config, manifest, run, verbose)
+        bundle = _save_best(model, manifest, run, config, precision, strategy, inputs)
     result = _result(run, bundle, inputs, history, seconds, strategy, precision)
     _write_reports(run, result, config, history, manifest)
     if inputs.val is not None:
@@ -142,6 +158,23 @@ def _global_policy(precision: str) -> Iterator[None]:
         keras.mixed_precision.set_global_policy(previous)
 
 
+def _input_size(config: TrainConfig, manifest: manifest_lib.Manifest) -> tuple[int, int]:
+    """The model's input size: asked for, else as stored, else the backbone's usual one."""
+    if config.image_size is not None:
+        return config.image_size
+    if manifest.image.fixed_size:
+        return manifest.image.size
+    resolved = models.resolve_model(config.model)
+    if resolved in cnns.CNNS:
+        raise ChuteError(
+            f"{manifest.location} stores images at their own sizes; pass image_size "
+            f"(--image-size H or HxW) for model {config.model!r}. Received: image_size=None"
+        )
+    size = backbones.default_size(resolved)
+    log.info("image size %dx%d: %s's own", size, size, resolved)
+    return size, size
+
+
 def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any) -> _Inputs:
     """The training and validation datasets, and the steps of an epoch.
 
@@ -157,8 +190,15 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
         config.batch_size,
         strategy.num_replicas_in_sync,
     )
+    accelerator = strategy.chute_kind in ("tpu", "gpu", "multi-gpu")
+    augment_on = config.augment_on
+    if augment_on == "auto":
+        augment_on = "device" if accelerator else "host"
+    size = _input_size(config, manifest)
+    crop_fraction = config.crop_fraction or default_crop_fraction(manifest.image)
     label_mode = "categorical" if categorical(config) else "int"
-    common = {"label_mode": label_mode, "augment": list(config.augment), "seed": config.seed}
+    common = {"label_mode": label_mode, "image_size": size}
+    training = {**common, "augment": list(config.augment), "augment_on": augment_on}
     if strategy.chute_kind == "multiworker":
         workers = strategy_lib.count_workers()
         per_worker = global_batch // workers
@@ -167,36 +207,42 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
             manifest,
             "train",
             batch_size=config.batch_size,
+            seed=config.seed,
             strategy=strategy,
             repeat=True,
-            **common,
+            **training,
         )
     else:
-        train_ds = load(manifest, "train", batch_size=global_batch, **common)
+        train_ds = load(manifest, "train", batch_size=global_batch, seed=config.seed, **training)
         steps = len(train_ds)
     if steps == 0:
         raise ChuteError(
             f"The train split ({manifest.num_examples('train')} images) is smaller than one "
             f"global batch ({global_batch}); lower `batch_size`"
         )
-    has_val = manifest.num_examples("val") > 0
     val_ds = None
-    if has_val:
+    if manifest.num_examples("val") > 0:
         val_ds = load(
-            manifest, "val", batch_size=global_batch, label_mode=label_mode, training=False
+            manifest,
+            "val",
+            batch_size=global_batch,
+            training=False,
+            crop_fraction=crop_fraction,
+            **common,
         )
-    monitor = "val_accuracy" if has_val else "accuracy"
-    return _Inputs(train_ds, val_ds, steps, global_batch, monitor)
+    monitor = "val_accuracy" if val_ds is not None else "accuracy"
+    shape = (*size, manifest.image.channels)
+    return _Inputs(train_ds, val_ds, steps, global_batch, monitor, shape, crop_fraction, augment_on)
 
 
-def _compiled_model(
-    config: TrainConfig, manifest: manifest_lib.Manifest, strategy: Any, steps: int
+def _built_model(
+    config: TrainConfig, manifest: manifest_lib.Manifest, strategy: Any, inputs: _Inputs
 ) -> Any:
-    """The model, built and compiled inside the strategy's scope."""
+    """The model, built inside the strategy's scope (compiled per phase, see _fit_phases)."""
     with strategy.scope():
         model = models.build_model(
             config.model,
-            input_shape=manifest.image.shape,
+            input_shape=inputs.input_shape,
             num_classes=manifest.num_classes,
             weights=config.weights,
         )
@@ -206,23 +252,70 @@ def _compiled_model(
             for layer in _all_layers(model):
                 if isinstance(layer, keras.layers.BatchNormalization):
                     layer.synchronized = True
-        model.compile(
-            optimizer=make_optimizer(config, steps),
-            loss=make_loss(config),
-            metrics=make_metrics(config, manifest.num_classes),
-            steps_per_execution=config.steps_per_execution
-            or strategy_lib.STEPS_PER_EXECUTION.get(strategy.chute_kind, 1),
-        )
     return model
 
 
-def _fit(model, strategy, inputs: _Inputs, config, manifest, run, verbose):
-    """Trains; returns the history and the seconds of each epoch."""
+def _phases(config: TrainConfig, run) -> list[_Phase]:
+    """Head-only epochs then fine-tuning, or one phase; each with its own backup."""
+    named = config.phases()
+    phases = []
+    for name, epochs in named:
+        rate = config.learning_rate
+        if name == "fine-tune":
+            rate = config.fine_tune_learning_rate or config.learning_rate / 10
+        backup = run.backup if len(named) == 1 else storage.join(run.backup, name)
+        phases.append(_Phase(name, epochs, rate, backup))
+    return phases
+
+
+def _fit_phases(model, strategy, inputs: _Inputs, config, manifest, run, verbose):
+    """Trains phase after phase; returns the history and the seconds of each epoch.
+
+    A finished phase leaves its weights and history in the backup folder, so a
+    resumed run goes on from the phase it stopped in.
+    """
     storage.makedirs(run.join("checkpoints"))
     class_weight = None
     if config.class_weights == "balanced":
         counts = np.maximum(1, np.asarray(manifest.splits["train"]["class_counts"], float))
         class_weight = dict(enumerate(counts.sum() / (manifest.num_classes * counts)))
+    history: dict[str, list[float]] = {}
+    seconds: list[float] = []
+    phases = _phases(config, run)
+    for phase in phases:
+        done = storage.join(phase.backup, "done.json")
+        if len(phases) > 1 and storage.exists(done):  # finished by an earlier run
+            finished = json.loads(storage.read_bytes(done))
+            model.load_weights(storage.join(phase.backup, "end.weights.h5"))
+            _extend(history, finished["history"])
+            continue
+        trainable.freeze(model, phase.name, config.fine_tune)
+        phase_history, phase_seconds = _fit(
+            model, strategy, inputs, config, run, phase, class_weight, verbose
+        )
+        _extend(history, phase_history)
+        seconds += phase_seconds
+        if len(phases) > 1:
+            storage.makedirs(phase.backup)
+            model.save_weights(storage.join(phase.backup, "end.weights.h5"))
+            body = {"history": phase_history}
+            storage.write_atomic(done, json.dumps(body, default=float).encode())
+    storage.remove_if_exists(run.backup)  # every phase is done
+    return history, seconds
+
+
+def _extend(history: dict, more: dict) -> None:
+    for name, values in more.items():
+        history.setdefault(name, []).extend(float(v) for v in values)
+
+
+def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_weight, verbose):
+    """One phase: Keras's fit (or chute's loop under MultiWorkerMirroredStrategy)."""
+    augmentation = None
+    heavy = [name for name in config.augment if name not in FUSED]
+    if inputs.augment_on == "device" and heavy:
+        with strategy.scope():  # its layers' seed variables live with the model's
+            augmentation = DeviceAugmentation(heavy, config.seed)
     if strategy.chute_kind == "multiworker":
         from chute.fit.loop import fit_multiworker
 
@@ -236,14 +329,28 @@ def _fit(model, strategy, inputs: _Inputs, config, manifest, run, verbose):
             class_weight=class_weight,
             run=run,
             monitor=inputs.monitor,
+            epochs=phase.epochs,
+            learning_rate=phase.learning_rate,
+            backup=phase.backup,
+            augmentation=augmentation,
+        )
+    with strategy.scope():
+        trainer = (
+            model if augmentation is None else trainable.with_augmentation(model, augmentation)
+        )
+        trainer.compile(
+            optimizer=make_optimizer(
+                config, inputs.steps, learning_rate=phase.learning_rate, epochs=phase.epochs
+            ),
+            loss=make_loss(config),
+            metrics=make_metrics(config, model.output_shape[-1]),
+            steps_per_execution=config.steps_per_execution
+            or strategy_lib.STEPS_PER_EXECUTION.get(strategy.chute_kind, 1),
         )
     timer = _EpochTimer()
     callbacks = [
-        keras.callbacks.BackupAndRestore(run.backup),
-        keras.callbacks.ModelCheckpoint(
-            run.checkpoint("best"), monitor=inputs.monitor, save_best_only=True
-        ),
-        keras.callbacks.ModelCheckpoint(run.checkpoint("last")),
+        keras.callbacks.BackupAndRestore(phase.backup),
+        *trainable.checkpoints(model, run, inputs.monitor),
         keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
         keras.callbacks.TensorBoard(run.logs),
         timer,
@@ -254,10 +361,10 @@ def _fit(model, strategy, inputs: _Inputs, config, manifest, run, verbose):
                 monitor=inputs.monitor, patience=config.early_stopping, restore_best_weights=True
             )
         )
-    history = model.fit(
+    history = trainer.fit(
         inputs.train,
         validation_data=inputs.val,
-        epochs=config.epochs,
+        epochs=phase.epochs,
         callbacks=callbacks,
         class_weight=class_weight,
         shuffle=False,  # the dataset shuffles itself (Keras would only warn)
@@ -266,7 +373,7 @@ def _fit(model, strategy, inputs: _Inputs, config, manifest, run, verbose):
     return history, timer.seconds
 
 
-def _save_best(model, manifest, run, config: TrainConfig, precision: str, strategy) -> Bundle:
+def _save_best(model, manifest, run, config: TrainConfig, precision: str, strategy, inputs):
     """The best checkpoint as a model bundle (holding the model, ready for evaluation)."""
     best = run.checkpoint("best")
     # fit's EarlyStopping restores the best weights itself; otherwise load them.
@@ -277,6 +384,7 @@ def _save_best(model, manifest, run, config: TrainConfig, precision: str, strate
         run.bundle,
         class_names=manifest.class_names,
         image=manifest.image,
+        crop_fraction=inputs.crop_fraction,
         info={"data": manifest.location, "model": config.model, "precision": precision},
     )
 
@@ -315,6 +423,13 @@ def _write_reports(run, result: TrainResult, config: TrainConfig, history, manif
         {"data": manifest.location, **dataclasses.asdict(config), "effective": effective},
     )
     run.write_json("history.json", history)
+    if result.strategy == "multiworker":  # the fit path's CSVLogger wrote it epoch by epoch
+        names = list(history)
+        rows = ["epoch," + ",".join(names)] + [
+            f"{e}," + ",".join(str(history[n][e]) for n in names)
+            for e in range(len(history[names[0]]))
+        ]
+        storage.write_atomic(run.join("history.csv"), ("\n".join(rows) + "\n").encode())
     run.write_json("summary.json", dataclasses.asdict(result))
     draw_curves(history, run.join("curves.png"))
 

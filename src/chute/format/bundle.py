@@ -2,11 +2,14 @@
 
 A bundle is a folder holding ``model.keras`` and ``chute.json``. The JSON file
 (format ``chute.bundle``, version 2) holds the class names in label order, the
-:class:`~chute.format.spec.ImageSpec` the model takes (size, channels, and the
-resize mode and interpolation the training images were prepared with) and
-free-form ``info`` (who trained it, how well). ``chute.json`` is written last,
-so its presence means the model file is complete. Paths may be local or on any
-TF filesystem (``gs://``, ``ram://``).
+dataset's :class:`~chute.format.spec.ImageSpec` (how ``convert`` stored the
+training images: size or shorter side, channels, encoding, resize mode,
+interpolation), the ``input`` the model takes (height, width) with the
+``crop_fraction`` of evaluation's centre crop, and free-form ``info`` (who
+trained it, how well). ``predict`` prepares a file as ``convert`` did, then as
+evaluation did, so it gets the pixels its record gets. ``chute.json`` is written
+last, so its presence means the model file is complete. Paths may be local or
+on any TF filesystem (``gs://``, ``ram://``).
 
 Example:
     >>> save_bundle(model, "runs/kn/bundle", class_names=names, image=spec)  # doctest: +SKIP
@@ -24,15 +27,16 @@ import shutil
 import tempfile
 from typing import Any
 
+from chute import checks
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.format.spec import ImageSpec
+from chute.format.spec import MAX_SIDE, ImageSpec
 from chute.lazy import keras
 
 log = logging.getLogger(__name__)
 
 FORMAT = "chute.bundle"
-VERSION = 2  # 2: one "image" spec (1: "image" size and "preprocessing" apart)
+VERSION = 2  # 2: the dataset's "image" spec and the model's "input" (1: size, preprocessing)
 MODEL_NAME = "model.keras"
 META_NAME = "chute.json"
 RUN_SUBDIR = "bundle"  # where a training run keeps its bundle
@@ -44,22 +48,41 @@ class Bundle:
 
     Attributes:
         class_names: class names in label order (index ``i`` is label ``i``).
-        image: the input the model takes and how images are prepared for it.
+        image: how the training images were stored (how to prepare a new one).
+        input_size: ``(height, width)`` of the model's input.
+        crop_fraction: evaluation's centre crop (1: the whole image).
         info: free-form facts saved with the model (accuracy, run options, ...).
         location: the bundle folder.
 
     Example:
         >>> bundle = load_bundle("runs/kn/bundle")  # doctest: +SKIP
-        >>> bundle.image.shape, bundle.model.output_shape  # doctest: +SKIP
-        ((75, 75, 1), (None, 657))
+        >>> bundle.input_size, bundle.model.output_shape  # doctest: +SKIP
+        ((75, 75), (None, 657))
     """
 
     class_names: list[str]
     image: ImageSpec
     info: dict[str, Any]
     location: str
+    input_size: tuple[int, int] | None = None
+    crop_fraction: float = 1.0
     compile: bool = False
     _model: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.input_size is None:
+            if not self.image.fixed_size:
+                raise ChuteError(
+                    "`input_size` must be given for images stored at their own sizes. "
+                    f"Received: input_size=None, image={self.image!r}"
+                )
+            self.input_size = self.image.size
+        self.input_size = (int(self.input_size[0]), int(self.input_size[1]))
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """``(height, width, channels)`` of the model's input."""
+        return (*self.input_size, self.image.channels)
 
     @property
     def num_classes(self) -> int:
@@ -84,7 +107,17 @@ class Bundle:
 
     def to_json(self, **extra: Any) -> str:
         """The ``chute.json`` text of this bundle, with ``extra`` top-level keys."""
-        return _meta_json(self.class_names, self.image, self.info, **extra)
+        body = {
+            "class_names": self.class_names,
+            "image": self.image.to_dict(),
+            "input": {
+                "height": self.input_size[0],
+                "width": self.input_size[1],
+                "crop_fraction": self.crop_fraction,
+            },
+            "info": self.info,
+        }
+        return _meta_json(body, **extra)
 
 
 def save_bundle(
@@ -93,6 +126,7 @@ def save_bundle(
     *,
     class_names: list[str],
     image: ImageSpec,
+    crop_fraction: float = 1.0,
     info: dict[str, Any] | None = None,
 ) -> Bundle:
     """Writes ``model.keras`` and then ``chute.json`` into ``directory``.
@@ -101,9 +135,11 @@ def save_bundle(
         model: a Keras model whose output has one unit per class.
         directory: the bundle folder (created; local or a TF filesystem path).
         class_names: class names in label order.
-        image: the dataset's image spec; a spec without a fixed size (images
-            kept at their own size) takes the size of the model's input.
+        image: the dataset's image spec.
+        crop_fraction: evaluation's centre crop, which ``predict`` repeats.
         info: JSON-serialisable facts to keep with the model.
+
+    The model's input size is read off the model.
 
     Returns:
         The saved :class:`Bundle`, holding ``model``.
@@ -118,17 +154,28 @@ def save_bundle(
     directory = os.fspath(directory)
     if not isinstance(image, ImageSpec):
         raise ChuteError(f"`image` must be an ImageSpec. Received: image={image!r}")
-    image = _size_from_model(model, image)
-    info = {} if info is None else info
-    text = _meta_json(class_names, image, info)
-    _check_model(model, len(class_names), image)
+    shape = _input_shape(model)
+    input_size = image.size
+    if shape is not None and None not in shape[1:3]:
+        input_size = (int(shape[1]), int(shape[2]))
+    bundle = Bundle(
+        class_names=class_names,
+        image=image,
+        info={} if info is None else info,
+        location=directory,
+        input_size=input_size,
+        crop_fraction=crop_fraction,
+        _model=model,
+    )
+    text = bundle.to_json()
+    _check_model(model, len(class_names), bundle.input_shape)
     storage.makedirs(directory)
     meta = storage.join(directory, META_NAME)
     storage.remove_if_exists(meta)  # until the new chute.json lands, the folder is not a bundle
     _save_model(model, storage.join(directory, MODEL_NAME))
     storage.write_atomic(meta, text.encode("utf-8"))
     log.info("saved model bundle to %s (%d classes)", directory, len(class_names))
-    return Bundle(list(class_names), image, info, directory, _model=model)
+    return bundle
 
 
 def load_bundle(path: str | os.PathLike | Bundle, *, compile: bool = False) -> Bundle:
@@ -171,6 +218,8 @@ def load_bundle(path: str | os.PathLike | Bundle, *, compile: bool = False) -> B
         image=body["image"],
         info=body["info"],
         location=directory,
+        input_size=(body["input"]["height"], body["input"]["width"]),
+        crop_fraction=body["input"]["crop_fraction"],
         compile=compile,
     )
 
@@ -200,8 +249,10 @@ def _find(path: str) -> str:
     )
 
 
-def _meta_json(class_names: Any, image: ImageSpec, info: Any, **extra: Any) -> str:
-    """Validates the bundle's description and returns its JSON text."""
+def _meta_json(body: dict[str, Any], **extra: Any) -> str:
+    """Validates the bundle's description (``class_names``, ``image``, ``input``, ``info``)
+    and returns its JSON text."""
+    class_names, info, given = body["class_names"], body["info"], body["input"]
     if (
         not isinstance(class_names, list | tuple)
         or not class_names
@@ -214,15 +265,21 @@ def _meta_json(class_names: Any, image: ImageSpec, info: Any, **extra: Any) -> s
     if len(set(class_names)) != len(class_names):
         duplicates = sorted({c for c in class_names if list(class_names).count(c) > 1})
         raise ChuteError(f"`class_names` must be unique. Received duplicates: {duplicates!r}")
-    if not image.fixed_size:
-        raise ChuteError(f"`image` must have a height and width. Received: image={image!r}")
+    if not isinstance(given, dict):
+        raise ChuteError(f"`input` must be a dict. Received: input={given!r}")
+    for key in ("height", "width"):
+        checks.int_in(f"input['{key}']", given.get(key), 1, MAX_SIDE)
+    fraction = checks.number_in("crop_fraction", given.get("crop_fraction"), 0.0, 1.0)
+    if fraction == 0:
+        raise checks.bad_value("crop_fraction", fraction, "a number in (0, 1]")
     if not isinstance(info, dict):
         raise ChuteError(f"`info` must be a dict. Received: info={info!r}")
     body = {
         "format": FORMAT,
         "version": VERSION,
         "class_names": list(class_names),
-        "image": image.to_dict(),
+        "image": body["image"],
+        "input": given,
         "info": info,
         **extra,
     }
@@ -251,23 +308,20 @@ def _parse_meta(raw: bytes, where: str) -> dict[str, Any]:
             f"reads up to {VERSION}); upgrade chute"
         )
     image = body.get("image")
-    if version < 2 and isinstance(image, dict):  # the preprocessing was kept apart
+    if version < 2 and isinstance(image, dict):  # the preprocessing and input were implied
+        body["input"] = {
+            "height": image.get("height"),
+            "width": image.get("width"),
+            "crop_fraction": 1.0,
+        }
         image = {**image, **(body.get("preprocessing") or {})}
     body.setdefault("info", {})
     try:
         body["image"] = ImageSpec.from_dict(image)
-        _meta_json(body.get("class_names"), body["image"], body["info"])
+        _meta_json({**body, "image": body["image"].to_dict(), "input": body.get("input")})
     except ChuteError as error:
         raise ChuteError(f"{where} is not a valid chute model bundle: {error}") from None
     return body
-
-
-def _size_from_model(model: Any, image: ImageSpec) -> ImageSpec:
-    """``image`` with the size of the model's input, when it has none of its own."""
-    shape = _input_shape(model)
-    if image.fixed_size or shape is None or None in shape[1:3]:
-        return image
-    return dataclasses.replace(image, height=int(shape[1]), width=int(shape[2]))
 
 
 def _input_shape(model: Any) -> tuple | None:
@@ -278,17 +332,16 @@ def _input_shape(model: Any) -> tuple | None:
     return shape if len(shape) == 4 else None
 
 
-def _check_model(model: Any, num_classes: int, image: ImageSpec) -> None:
+def _check_model(model: Any, num_classes: int, expected: tuple[int, int, int]) -> None:
     """Rejects a model whose input or output does not match the description."""
     shape = _input_shape(model)
-    if shape is not None:
-        expected = image.shape
-        if any(
-            got is not None and got != want for got, want in zip(shape[1:], expected, strict=True)
-        ):
-            raise ChuteError(
-                f"`image` must match the model's input shape {shape}. Received: image={image!r}"
-            )
+    if shape is not None and any(
+        got is not None and got != want for got, want in zip(shape[1:], expected, strict=True)
+    ):
+        raise ChuteError(
+            f"`image` must match the model's input shape {shape}. Received: input shape "
+            f"{expected} (the images' channels and the model's input size)"
+        )
     try:
         units = model.outputs[0].shape[-1]
     except (AttributeError, IndexError, TypeError, ValueError):

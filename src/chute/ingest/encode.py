@@ -66,22 +66,8 @@ def encode_one(
     """
     pixels, original = load_pixels(payload, spec, max_pixels)
     height, width = pixels.shape[:2]
-    if original is not None:
-        data = original
-    elif spec.encoding == "raw":
-        data = pixels.tobytes()
-    else:
-        buffer = io.BytesIO()
-        try:
-            if spec.encoding == "png":
-                Image.fromarray(pixels).save(buffer, format="PNG", compress_level=6)
-            else:
-                Image.fromarray(pixels).save(buffer, format="JPEG", quality=spec.quality)
-        except (OSError, ValueError) as error:
-            raise Rejected(f"cannot convert image: {error}") from None
-        data = buffer.getvalue()
     return records.image_example(
-        image=data,
+        image=stored_bytes(pixels, original, spec),
         label=label,
         height=height,
         width=width,
@@ -89,3 +75,26 @@ def encode_one(
         encoding=spec.encoding,
         key=key,
     )
+
+
+def stored_bytes(pixels: np.ndarray, original: bytes | None, spec: ImageSpec) -> bytes:
+    """The ``image`` bytes of a record: ``original`` when it can be stored as it is, else
+    the pixels as ``spec.encoding`` says (raw, PNG, or JPEG at ``spec.quality``).
+
+    Example:
+        >>> stored_bytes(np.zeros((2, 2), np.uint8), None, ImageSpec(2, 2, 1, "raw"))
+        b'\\x00\\x00\\x00\\x00'
+    """
+    if original is not None:
+        return original
+    if spec.encoding == "raw":
+        return pixels.tobytes()
+    buffer = io.BytesIO()
+    try:
+        if spec.encoding == "png":
+            Image.fromarray(pixels).save(buffer, format="PNG", compress_level=6)
+        else:
+            Image.fromarray(pixels).save(buffer, format="JPEG", quality=spec.quality)
+    except (OSError, ValueError) as error:
+        raise Rejected(f"cannot convert image: {error}") from None
+    return buffer.getvalue()

@@ -145,8 +145,8 @@ def make_plan(
             "Received: image_size=None"
         )
     shape = (*size, stored.channels)
-    if crop_fraction is None:  # photos kept larger than read get the usual 0.875
-        crop_fraction = 1.0 if stored.fixed_size else DEFAULT_CROP_FRACTION
+    if crop_fraction is None:
+        crop_fraction = default_crop_fraction(stored)
     crop_fraction = checks.number_in("crop_fraction", crop_fraction, 0.0, 1.0)
     if crop_fraction == 0:
         raise checks.bad_value("crop_fraction", crop_fraction, "a number in (0, 1]")
@@ -202,6 +202,17 @@ def make_plan(
         pad_final_batch=pad_final_batch,
         skip_corrupt=skip_corrupt,
     )
+
+
+def default_crop_fraction(stored: ImageSpec) -> float:
+    """Evaluation's centre crop by default: the usual 0.875 for photos kept at their
+    aspect ratio (larger than they are read), the whole image for a fixed stored size.
+
+    Example:
+        >>> default_crop_fraction(ImageSpec(None, None, 3, "jpeg", shorter_side=256))
+        0.875
+    """
+    return 1.0 if stored.fixed_size else DEFAULT_CROP_FRACTION
 
 
 def pipeline_sizes(manifest: Manifest, split: str, pipelines: int) -> list[int]:

@@ -25,7 +25,12 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
     """
     manifest = manifest_lib.load(path)
     spec = manifest.image
-    size = f"{spec.height}x{spec.width}" if spec.fixed_size else "original sizes"
+    if spec.fixed_size:
+        size = f"{spec.height}x{spec.width}"
+    elif spec.shorter_side:
+        size = f"shorter side <= {spec.shorter_side}"
+    else:
+        size = "original sizes"
     lines = [
         f"{manifest.location}: {manifest.num_classes} classes, {size}, {spec.channels} "
         f"channel(s), {spec.encoding} ({manifest.created_by})",

@@ -1,0 +1,111 @@
+"""What ``chute train`` wraps around a model while it trains: augmentation inside the train
+step, freezing for transfer learning, and checkpoints of the model itself.
+
+- :func:`with_augmentation`: the heavy augmentations (rotation, zoom, RandAugment,
+  MixUp, CutMix, ...) applied to each batch inside the train step, so they run
+  where the model runs (the accelerator), not on the host.
+- :func:`freeze`: a ``keras.applications`` backbone frozen for head-only
+  epochs, or unfrozen (all of it, or its top N layers) for fine-tuning;
+  BatchNormalization layers stay frozen, so they keep inference-mode statistics.
+- :func:`checkpoints`: ``best.keras`` and ``last.keras`` of the model (not of a
+  wrapper), the best score kept beside them so that a resumed run compares with
+  it.
+
+Example:
+    >>> trainer = with_augmentation(model, augmentation)  # doctest: +SKIP
+    >>> trainer.compile(...); trainer.fit(dataset)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from chute.fit.backbones import BACKBONE_LAYER
+from chute.format import storage
+from chute.lazy import keras
+from chute.read.augment import DeviceAugmentation
+
+log = logging.getLogger(__name__)
+
+
+def with_augmentation(model: Any, augmentation: DeviceAugmentation) -> Any:
+    """A model that trains ``model``, augmenting each batch first inside its train step.
+
+    Predictions and evaluation are ``model``'s own; only ``fit`` augments.
+    """
+
+    class AugmentedTraining(keras.Model):
+        def __init__(self):
+            super().__init__(name=f"{model.name}_augmented")
+            self.base = model
+            self.augmentations = [*augmentation.layers, *augmentation.mixing]  # tracked
+
+        def call(self, images, training=False):
+            return self.base(images, training=training)
+
+        def train_step(self, data):
+            images, labels, weights = keras.utils.unpack_x_y_sample_weight(data)
+            if augmentation.mixing:
+                images, labels = augmentation(images, labels)
+            else:
+                images = augmentation(images)
+            return super().train_step(keras.utils.pack_x_y_sample_weight(images, labels, weights))
+
+    return AugmentedTraining()
+
+
+def backbone_of(model: Any) -> Any | None:
+    """The nested ``keras.applications`` backbone of a chute model, or None."""
+    try:
+        return model.get_layer(BACKBONE_LAYER)
+    except ValueError:
+        return None
+
+
+def freeze(model: Any, phase: str, fine_tune: str | None) -> None:
+    """Sets what trains in ``phase``: ``"all"`` (everything), ``"head"`` (the backbone
+    frozen) or ``"fine-tune"`` (the backbone's top ``fine_tune`` layers, or all of
+    them, unfrozen; BatchNormalization layers stay frozen)."""
+    backbone = backbone_of(model)
+    model.trainable = True
+    if backbone is None or phase == "all":
+        return
+    if phase == "head":
+        backbone.trainable = False
+        log.info("training the head, backbone frozen (BatchNorm in inference mode)")
+        return
+    backbone.trainable = True
+    layers = backbone.layers
+    first = 0 if fine_tune == "all" else max(0, len(layers) - int(fine_tune))
+    for index, layer in enumerate(layers):
+        frozen = index < first or isinstance(layer, keras.layers.BatchNormalization)
+        layer.trainable = not frozen
+    log.info(
+        "fine-tuning %s of the backbone's %d layers (BatchNorm stays frozen)",
+        "all" if first == 0 else len(layers) - first,
+        len(layers),
+    )
+
+
+def checkpoints(model: Any, run: Any, monitor: str) -> list:
+    """Callbacks saving ``model`` (whatever wraps it in training) as
+    ``checkpoints/last.keras`` each epoch and ``checkpoints/best.keras`` when
+    ``monitor`` improves on the best so far, kept in ``checkpoints/best.json``."""
+    best_file = run.join("checkpoints", "best.json")
+
+    class Checkpoints(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            model.save(run.checkpoint("last"))
+            score = (logs or {}).get(monitor)
+            if score is None:
+                return
+            best = None
+            if storage.exists(best_file):
+                best = json.loads(storage.read_bytes(best_file))["best"]
+            if best is None or score > best:
+                model.save(run.checkpoint("best"))
+                storage.write_atomic(best_file, json.dumps({"best": float(score)}).encode())
+
+    return [Checkpoints()]

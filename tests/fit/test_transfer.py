@@ -1,0 +1,192 @@
+"""Transfer learning: Keras's ImageNet weights through its cache (seeded here: nothing
+downloads), the offline error, head-only epochs then fine-tuning, resumable."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import make_folder
+
+import chute
+from chute import ChuteError
+from chute.fit import trainer
+from chute.fit.models import build_model
+
+SIZE = 96  # MobileNetV2 has ImageNet weights for 96, 128, 160, 192 and 224
+WEIGHTS_FILE = f"mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_{SIZE}_no_top.h5"
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Any download fails, as on a machine without network."""
+
+    def refuse(*args, **kwargs):
+        raise urllib.error.URLError("no network in tests")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    monkeypatch.setattr(urllib.request, "urlretrieve", refuse)
+
+
+@pytest.fixture
+def keras_home():
+    """Keras's cache folder (tests/conftest.py points KERAS_HOME at a temporary one);
+    what a test seeds there is removed after it."""
+    home = Path(os.environ["KERAS_HOME"])
+    yield home
+    (home / "models" / WEIGHTS_FILE).unlink(missing_ok=True)
+
+
+def seed_keras_cache(home: Path) -> list[np.ndarray]:
+    """Writes MobileNetV2's no-top weights where Keras caches them, in the legacy HDF5
+    layout Keras downloads (known random values); returns them in layer order."""
+    import h5py
+    import keras
+
+    backbone = keras.applications.MobileNetV2(
+        include_top=False, weights=None, input_shape=(SIZE, SIZE, 3), pooling="avg"
+    )
+    rng = np.random.default_rng(0)
+    values = []
+    path = home / "models" / WEIGHTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        f.attrs["keras_version"] = b"2.2.4"
+        f.attrs["backend"] = b"tensorflow"
+        layer_names = []
+        for layer in backbone.layers:
+            weights = layer.trainable_weights + layer.non_trainable_weights
+            if not weights:
+                continue
+            group = f.create_group(layer.name)
+            names = []
+            for number, weight in enumerate(weights):
+                value = rng.normal(0, 0.05, weight.shape).astype(np.float32)
+                if "variance" in weight.path:
+                    value = np.abs(value) + 1.0
+                name = f"{layer.name}/w{number}:0"
+                group.create_dataset(name, data=value)
+                names.append(name.encode())
+                values.append(value)
+            group.attrs["weight_names"] = names
+            layer_names.append(layer.name.encode())
+        f.attrs["layer_names"] = layer_names
+    return values
+
+
+def test_imagenet_weights_come_from_kerass_cache_offline(keras_home, offline):
+    values = seed_keras_cache(keras_home)
+    model = build_model(
+        "MobileNetV2", input_shape=(SIZE, SIZE, 3), num_classes=3, weights="imagenet"
+    )
+    backbone = trainer.backbone_of(model)
+    loaded = [
+        np.asarray(w)
+        for layer in backbone.layers
+        for w in layer.trainable_weights + layer.non_trainable_weights
+    ]
+    assert len(loaded) == len(values)
+    for got, want in zip(loaded, values, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_imagenet_offline_without_the_file_names_it_and_the_cache(keras_home, offline):
+    assert not (keras_home / "models" / WEIGHTS_FILE).exists()
+    with pytest.raises(ChuteError) as caught:
+        build_model("MobileNetV2", input_shape=(SIZE, SIZE, 3), num_classes=3, weights="imagenet")
+    message = str(caught.value)
+    assert WEIGHTS_FILE in message
+    assert str(keras_home / "models") in message
+    assert "`weights='imagenet'`" in message
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("transfer")
+    src = make_folder(root / "src", {"a": 8, "b": 8}, size=(40, 52), mode="RGB")
+    chute.convert(src, root / "out", shorter_side=36, val_fraction=0.25, workers=1)
+    return root / "out"
+
+
+@pytest.mark.slow
+def test_fine_tune_trains_the_head_then_the_backbone_and_resumes(
+    photos, tmp_path, monkeypatch, offline, keras_home
+):
+    """Head epochs with the backbone frozen, then fine-tuning at a lower rate; killed in
+    the fine-tuning phase, the same command finishes the run."""
+    from chute.fit import train as training
+
+    seed_keras_cache(keras_home)
+    options = {
+        "model": "MobileNetV2",
+        "weights": "imagenet",
+        "fine_tune": "20",
+        "epochs": 3,
+        "head_epochs": 1,
+        "batch_size": 4,
+        "image_size": SIZE,
+        "augment": ("crop", "flip", "zoom"),
+        "augment_on": "device",
+        "verbose": 0,
+    }
+    seen = []
+    real_freeze = trainer.freeze
+
+    def spy(model, phase, fine_tune):
+        real_freeze(model, phase, fine_tune)
+        backbone = trainer.backbone_of(model)
+        trainable = [layer.name for layer in backbone.layers if layer.trainable_weights]
+        seen.append((phase, len(trainable), backbone.trainable))
+
+    class Killed(BaseException):
+        pass
+
+    real_timer = training._EpochTimer
+
+    def dying_timer():
+        timer = real_timer()
+        original = timer.on_epoch_end
+
+        def on_epoch_end(epoch, logs=None):
+            original(epoch, logs)
+            if seen and seen[-1][0] == "fine-tune" and epoch == 0:
+                raise Killed  # after the first fine-tuning epoch was backed up
+
+        timer.on_epoch_end = on_epoch_end
+        return timer
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer, "freeze", spy)
+        patch.setattr(training, "_EpochTimer", dying_timer)
+        with pytest.raises(Killed):
+            chute.train(photos, run, **options)
+    head, fine = seen
+    assert head == ("head", 0, False)  # the backbone frozen
+    assert fine[0] == "fine-tune" and 0 < fine[1] <= 20 and fine[2]
+    assert not (run / "bundle").exists()
+    result = chute.train(photos, run, **options)
+    assert result.resumed
+    assert result.epochs_run == 1  # the second fine-tuning epoch: the rest ran before
+    assert len(result.final) and (run / "checkpoints" / "best.keras").exists()
+    bundle = chute.load_bundle(run)
+    assert bundle.input_size == (SIZE, SIZE) and bundle.crop_fraction == 0.875
+    # the device augmentation trained the model but is not part of the saved one
+    assert not any("zoom" in layer.name for layer in bundle.model.layers)
+
+
+def test_fine_tune_needs_pretrained_weights():
+    with pytest.raises(ChuteError, match="fine_tune"):
+        chute.TrainConfig(model="MobileNetV2", fine_tune="all")
+    with pytest.raises(ChuteError, match="fine_tune"):
+        chute.TrainConfig(model="MobileNetV2", weights="imagenet", fine_tune="some")
+    with pytest.raises(ChuteError, match="head_epochs"):
+        chute.TrainConfig(model="MobileNetV2", weights="imagenet", fine_tune="all", epochs=3,
+                          head_epochs=3)  # fmt: skip
+    phases = chute.TrainConfig(
+        model="MobileNetV2", weights="imagenet", fine_tune="all", epochs=6
+    ).phases()
+    assert phases == [("head", 2), ("fine-tune", 4)]
