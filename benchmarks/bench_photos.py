@@ -44,7 +44,7 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
-BATCH = 128
+BATCH = 64
 
 
 def make_photos(root: str, count: int) -> str:

@@ -191,3 +191,49 @@ def test_fixed_size_datasets_take_crops_too(tmp_path):
     assert sum(int(x.shape[0]) for x, _ in ds) == 8
     evaluation = chute.load(out, batch_size=2, training=False)  # stored size: no crop
     assert tuple(evaluation.element_spec[0].shape[1:]) == (20, 20, 3)
+
+
+def test_host_augmentation_ops_do_what_they_say():
+    from chute.read.host_augment import HostAugmentation
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (8, 12, 10, 3), dtype=np.uint8)
+    flipped = HostAugmentation(["flip"]).apply(images, np.int64(5))
+    for before, after in zip(images, flipped, strict=True):
+        assert np.array_equal(after, before) or np.array_equal(after, before[:, ::-1])
+    assert any(not np.array_equal(a, b) for a, b in zip(images, flipped, strict=True))
+    contrast = HostAugmentation(["contrast"]).apply(images, np.int64(6))
+    # contrast scales around each channel's mean: the means stay (up to rounding/clipping)
+    np.testing.assert_allclose(
+        contrast.reshape(8, -1, 3).mean(1), images.reshape(8, -1, 3).mean(1), atol=3
+    )
+    rotated = HostAugmentation(["rotation", "zoom"]).apply(images, np.int64(7))
+    assert rotated.shape == images.shape and rotated.dtype == np.uint8
+    assert not np.array_equal(rotated, images)
+    again = HostAugmentation(["rotation", "zoom"]).apply(images, np.int64(7))
+    assert np.array_equal(again, rotated)  # the key decides
+
+
+@pytest.mark.parametrize("stored", ["photos", "raw"])
+def test_host_augmentation_with_a_seed_is_the_same_on_any_core_count(
+    photos, tmp_path, monkeypatch, stored
+):
+    from chute.read import plan
+
+    out = photos
+    if stored == "raw":  # the block path: decoded pixels shuffled in windows
+        for c, name in enumerate(["a", "b"]):
+            for i in range(6):
+                _photo(tmp_path / "src" / name / f"{i}.jpg", (20, 20), 5 * c + i)
+        out = tmp_path / "out"
+        chute.convert(tmp_path / "src", out, image_size=16, encoding="raw", workers=1)
+    augment = ["flip", "rotation", "contrast"]
+
+    def run():
+        return _keys(_load(out, augment=augment, augment_on="host", seed=5, cache=None))
+
+    first = run()
+    monkeypatch.setattr(plan, "available_cores", lambda: 3)
+    assert run() == first
+    plain = _keys(_load(out, augment=["flip"], seed=5, cache=None))
+    assert sorted(plain) != sorted(first)

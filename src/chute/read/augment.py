@@ -11,7 +11,9 @@ Names (``augment=[...]``), or Keras layers:
   and handed over as a :class:`DeviceAugmentation` to run inside the model's
   train step on the accelerator (``chute train`` does so when there is one),
   so the host pipeline stays at decode speed; with ``augment_on="host"`` they
-  run per batch in the pipeline.
+  run per batch in the pipeline: the first five (and a ``"flip"`` not fused
+  with decoding) with OpenCV (:mod:`chute.read.host_augment`), the others as
+  Keras layers.
 
 Example:
     >>> spec = parse_augment(["crop", "flip", "zoom"])
@@ -142,10 +144,14 @@ def labelled(plan: ReadPlan, images, labels):
     return images, tf.one_hot(labels, plan.num_classes, dtype=tf.float32)
 
 
-def finisher(plan: ReadPlan, augmentation: DeviceAugmentation | None):
-    """``(images, labels) -> batch``: labels, host augmentation, cast, as ``plan`` says."""
+def finisher(plan: ReadPlan, augmentation: DeviceAugmentation | None, host=None):
+    """``((images, labels), key) -> batch``: host augmentation (``host``: OpenCV,
+    keyed per batch; then Keras's layers), labels and cast, as ``plan`` says."""
 
-    def finish(images, labels):
+    def finish(batch, key):
+        images, labels = batch
+        if host:
+            images = host(images, key)
         out = labelled(plan, images, labels)
         if augmentation:  # on the host: images (and one-hot labels, for MixUp/CutMix)
             if plan.label_mode is None:

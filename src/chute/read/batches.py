@@ -41,6 +41,13 @@ def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
     crop of ``plan.crop_fraction``.
     """
     stored, size = plan.stored, plan.shape[:2]
+    whole = stored.size == size  # stored at the size read: decoding is all it takes
+
+    def fitted(data, fraction):
+        if whole and fraction == 1:
+            return tf.ensure_shape(images.decode(data, stored), plan.shape)
+        return images.centre_crop(data, stored, size, fraction)
+
     if plan.training:
         keys = tf.data.Dataset.random(
             seed=None if plan.seed is None else plan.seed + 2, rerandomize_each_iteration=True
@@ -51,7 +58,7 @@ def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
         def transform(record, key):
             data, label = record
             if crop is None:
-                image = images.centre_crop(data, stored, size, 1.0)
+                image = fitted(data, 1.0)
                 if plan.flip:
                     seed = tf.stack([key, tf.constant(1, tf.int64)])
                     image = tf.image.stateless_random_flip_left_right(image, seed=seed)
@@ -63,7 +70,7 @@ def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
     else:
 
         def transform(data, label):
-            return images.centre_crop(data, stored, size, plan.crop_fraction), label
+            return fitted(data, plan.crop_fraction), label
 
     return _decode_counted(records, transform, counters, parallel)
 

@@ -15,15 +15,17 @@ from chute.read.shards import shard_blocks
 CYCLE = 16  # shards read at a time when the order must not depend on the machine
 
 
-def build(plan: ReadPlan, *, counters: dict, augmentation):
+def build(plan: ReadPlan, *, counters: dict, augmentation, host=None):
     """The ``tf.data.Dataset`` of ``plan``.
 
     Args:
         plan: what to read and how (see :class:`~chute.read.plan.ReadPlan`).
         counters: with ``skip_corrupt``, int64 variables ``corrupt``,
             ``started`` and ``decoded`` that count what is skipped.
-        augmentation: applied to training batches on the host
+        augmentation: Keras layers applied to training batches on the host
             (:class:`~chute.read.augment.DeviceAugmentation`), or None.
+        host: OpenCV augmentation of training batches
+            (:class:`~chute.read.host_augment.HostAugmentation`), or None.
     """
     names = tf.constant(plan.files, tf.string)
     expected = tf.constant(plan.counts, tf.int64)
@@ -33,7 +35,7 @@ def build(plan: ReadPlan, *, counters: dict, augmentation):
     # shards for the cores.
     width = min(count, CYCLE if plan.deterministic else max(4, plan.cores))
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": plan.deterministic}
-    finished = not plan.per_image and batches.finished_in_window(plan, augmentation)
+    finished = not plan.per_image and batches.finished_in_window(plan, augmentation or host)
 
     # Files are the unit of parallel reading: a new shard order each epoch varies
     # what is read together, and a random block size per shard and epoch moves
@@ -61,12 +63,17 @@ def build(plan: ReadPlan, *, counters: dict, augmentation):
         ds = _each_image(plan, ds, counters, parallel)
     else:
         ds = _decoded_blocks(plan, ds, counters, parallel, finished)
-    # Per batch: labels, host augmentation, cast. Keras's random layers draw from a
-    # seed generator: with a seed, batches take their draws in order, so that the
-    # same seed augments the same way.
+    # Per batch: host augmentation (OpenCV's keyed per batch, in read order; then Keras's
+    # layers), labels, cast. Keras's random layers draw from a seed generator: with a
+    # seed, batches take their draws in order, so that the same seed augments the same way.
     if not finished:
+        keys = tf.data.Dataset.random(
+            seed=None if seed is None else seed + 3, rerandomize_each_iteration=True
+        )
         in_order = plan.seed is not None and bool(augmentation)
-        ds = ds.map(finisher(plan, augmentation), **({} if in_order else parallel))
+        ds = tf.data.Dataset.zip(ds, keys).map(
+            finisher(plan, augmentation, host), **({} if in_order else parallel)
+        )
     # The manifest knows the size, so Keras shows real step counts (skipping makes it unknown).
     if not plan.skip_corrupt:
         ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps))

@@ -44,7 +44,7 @@ def image_shape(data, stored: ImageSpec):
         return tf.image.extract_jpeg_shape(data)
     if stored.encoding == "raw":
         return tf.constant(stored.shape, tf.int32)
-    return tf.shape(_decode(data, stored))
+    return tf.shape(decode(data, stored))
 
 
 def random_crop(data, stored: ImageSpec, size, key, *, scale, ratio, flip: bool):
@@ -96,7 +96,8 @@ def centre_crop(data, stored: ImageSpec, size, crop_fraction: float):
     return _resized(image, size, stored)
 
 
-def _decode(data, stored: ImageSpec):
+def decode(data, stored: ImageSpec):
+    """One stored image, decoded whole."""
     if stored.encoding == "raw":
         return tf.reshape(tf.io.decode_raw(data, tf.uint8), stored.shape)
     if stored.encoding == "png":
@@ -109,7 +110,7 @@ def _decode_window(data, stored: ImageSpec, top, left, height, width):
     if stored.encoding == "jpeg":
         window = tf.stack([top, left, height, width])
         return tf.image.decode_and_crop_jpeg(data, window, channels=stored.channels)
-    return tf.slice(_decode(data, stored), tf.stack([top, left, 0]), tf.stack([height, width, -1]))
+    return tf.slice(decode(data, stored), tf.stack([top, left, 0]), tf.stack([height, width, -1]))
 
 
 def _resized(image, size, stored: ImageSpec):

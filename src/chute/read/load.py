@@ -29,6 +29,8 @@ from chute.format import storage
 from chute.lazy import tf
 from chute.read.augment import PLACES, DeviceAugmentation, parse_augment
 from chute.read.graph import build
+from chute.read.host_augment import NAMES as HOST
+from chute.read.host_augment import HostAugmentation
 from chute.read.plan import DEFAULT_CROP_RATIO, DEFAULT_CROP_SCALE, ReadPlan, make_plan
 
 log = logging.getLogger(__name__)
@@ -164,18 +166,26 @@ def load(
         crop_ratio=crop_ratio,
         crop_fraction=crop_fraction,
     )
-    # a flip not fused with per-image decoding is a Keras layer, like the heavy ones
+    # a flip not fused with per-image decoding is one of the heavy ones
     heavy = spec.heavy if plan.per_image or not spec.flip else ("flip", *spec.heavy)
-    augmentation = DeviceAugmentation(heavy, plan.seed) if plan.training and heavy else None
-    on_host = augmentation if augment_on == "host" else None
+    heavy = heavy if plan.training else ()
+    device = DeviceAugmentation(heavy, plan.seed) if augment_on == "device" and heavy else None
+    host = HostAugmentation([h for h in heavy if isinstance(h, str) and h in HOST])
+    layers = [h for h in heavy if not (isinstance(h, str) and h in HOST)]
+    keras_on_host = DeviceAugmentation(layers, plan.seed) if augment_on == "host" else None
     plan, lost = _without_unreadable(plan)
     counters = _counters(lost) if plan.skip_corrupt else {}
-    dataset = build(plan, counters=counters, augmentation=on_host)
+    dataset = build(
+        plan,
+        counters=counters,
+        augmentation=keras_on_host or None,
+        host=host if augment_on == "host" and host else None,
+    )
     dataset.class_names = list(manifest.class_names)
     dataset.num_examples = plan.num_examples
     dataset.per_replica_batch_size = plan.batch_size
     dataset.global_batch_size = plan.batch_size * plan.replicas
-    dataset.device_augmentation = augmentation if augment_on == "device" else None
+    dataset.device_augmentation = device
     dataset.corrupt_count = lambda: int(
         sum(counters[name].numpy() * sign for name, sign in _COUNTED.items() if name in counters)
     )

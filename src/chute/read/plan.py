@@ -46,10 +46,10 @@ class ReadPlan:
         reshuffle_each_epoch: a new shard order and new block boundaries each epoch.
         every_nth: ``(pipelines, index)``: keep every n-th record, when there
             are fewer shards than input pipelines.
-        per_image: each image is decoded, cropped and resized on its own after the
+        per_image: each image is decoded (cropped, resized) on its own after the
             shuffle (:mod:`chute.read.images`): images stored at other sizes,
-            random-resized crops, or a centre crop. Otherwise blocks of
-            decoded pixels are cached and shuffled (images stored at the size read).
+            random-resized crops, a centre crop, or PNG/JPEG images not cached
+            decoded. Otherwise blocks of decoded pixels are cached and shuffled.
         cache: ``tf.data`` cache file name (``""`` in memory), or None; with
             ``per_image``, the encoded records are cached.
         window: records per shuffle window (training).
@@ -156,7 +156,14 @@ def make_plan(
             _range("crop_scale", crop_scale, 0.0, 1.0),
             _range("crop_ratio", crop_ratio, 0.0, 100.0),
         )
-    per_image = random_crop is not None or stored.size != size or crop_fraction < 1
+    cache = _cache_target(cache, manifest, split, encoded=not stored.fixed_size)
+    per_image = (
+        random_crop is not None
+        or stored.size != size
+        or crop_fraction < 1
+        # PNG/JPEG not kept decoded: decoded one by one after the shuffle, streaming
+        or (stored.encoding != "raw" and cache is None)
+    )
 
     pipelines, index, replicas = 1, 0, 1
     if input_context is not None:
@@ -184,7 +191,7 @@ def make_plan(
         reshuffle_each_epoch=training and every_nth is None,
         every_nth=every_nth,
         cores=available_cores(),
-        cache=_cache_target(cache, manifest, split, per_image),
+        cache=cache,
         batch_size=batch_size,
         replicas=replicas,
         seed=None if seed is None else int(seed),
@@ -237,7 +244,9 @@ def memory_budget() -> int:
     return memory // 4 if memory else 2 << 30
 
 
-def _cache_target(cache: str | None, manifest: Manifest, split: str, encoded: bool) -> str | None:
+def _cache_target(
+    cache: str | None, manifest: Manifest, split: str, *, encoded: bool
+) -> str | None:
     if cache is None:
         return None
     if cache == "memory":
