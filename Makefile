@@ -31,6 +31,7 @@ bench: $(BIN)/.installed
 	mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/bench_convert.py --memory --json benchmarks/results/convert.json
 	$(BIN)/python benchmarks/bench_reader.py --json benchmarks/results/reader.json
+	$(BIN)/python benchmarks/bench_photos.py --json benchmarks/results/photos.json
 
 clean:
 	rm -rf $(VENV) chute-demo .pytest_cache

@@ -109,8 +109,18 @@ with tf.io.TFRecordWriter(out) as writer:
 """
 
 
-def whole_process(command: list[str]) -> float:
-    """Seconds of a command in a fresh process, start to end."""
+def warm(folder: str) -> None:
+    """Reads every file under ``folder`` once, so that both sides start from the page cache."""
+    for directory, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(directory, name), "rb") as handle:
+                while handle.read(1 << 20):
+                    pass
+
+
+def whole_process(command: list[str], source: str) -> float:
+    """Seconds of a command in a fresh process, start to end (its source read once before)."""
+    warm(source)
     started = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True)
     return time.perf_counter() - started
@@ -149,10 +159,10 @@ def convert_photos(photos: str, work: str, seconds: float) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     chute_s = whole_process(
         [sys.executable, "-m", "chute", "-q", "convert", photos, out, "--image-size", "224",
-         "--resize", "crop", "--encoding", "jpeg", "--no-progress"]
+         "--resize", "crop", "--encoding", "jpeg", "--no-progress"], photos,
     )  # fmt: skip
     base_out = os.path.join(work, "photo-baseline.tfrecord")
-    baseline_s = whole_process([sys.executable, "-c", PHOTO_BASELINE, photos, base_out])
+    baseline_s = whole_process([sys.executable, "-c", PHOTO_BASELINE, photos, base_out], photos)
     single = fastest_single_core(files[:60], seconds)
     cores = os.cpu_count() or 1
     return {
@@ -176,14 +186,14 @@ def convert_glyphs(data: str, work: str) -> dict:
     chute_s = whole_process(
         [sys.executable, "-m", "chute", "-q", "convert", src, out, "--image-size", "75",
          "--color-mode", "grayscale", "--encoding", "raw", "--val-fraction", "0.01",
-         "--no-progress"]
+         "--no-progress"], src,
     )  # fmt: skip
     script = (
         "import sys; sys.path.insert(0, sys.argv[1]); from bench_convert import baseline; "
         "baseline(sys.argv[2], sys.argv[3])"
     )
     base_out = os.path.join(work, "glyph-baseline.tfrecord")
-    baseline_s = whole_process([sys.executable, "-c", script, HERE, src, base_out])
+    baseline_s = whole_process([sys.executable, "-c", script, HERE, src, base_out], src)
     return {
         "images": 26280,
         "chute_s": chute_s,
@@ -292,18 +302,26 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0, help="the shortest timed pass")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--only", nargs="+", choices=("convert_photos", "convert_glyphs", "read"),
+        help="run only these parts (read needs convert_photos's shards)",
+    )  # fmt: skip
     args = parser.parse_args()
+    parts = set(args.only or ("convert_photos", "convert_glyphs", "read"))
     photos = make_photos(os.path.join(args.data, f"photos{args.photos}"), args.photos)
     work = tempfile.mkdtemp(prefix="chute-photos-")
     runs = []
     try:
         for number in range(args.repeats):
             converted = convert_photos(photos, work, args.seconds)
-            run = {
-                "convert_photos": converted,
-                "convert_glyphs": convert_glyphs(args.data, work),
-                "read": read(converted.pop("shards"), args.seconds),
-            }
+            shards = converted.pop("shards")
+            run = {}
+            if "convert_photos" in parts:
+                run["convert_photos"] = converted
+            if "convert_glyphs" in parts:
+                run["convert_glyphs"] = convert_glyphs(args.data, work)
+            if "read" in parts:
+                run["read"] = read(shards, args.seconds)
             runs.append(run)
             print(f"-- run {number + 1} of {args.repeats}: {json.dumps(run)}", flush=True)
     finally:
@@ -322,14 +340,14 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}",
         "runs": len(runs),
-        "convert_photos": {k: median(["convert_photos", k]) for k in runs[0]["convert_photos"]},
-        "convert_glyphs": {k: median(["convert_glyphs", k]) for k in runs[0]["convert_glyphs"]},
-        "read_images_per_s": {
-            k: median(["read", "images_per_s", k]) for k in runs[0]["read"]["images_per_s"]
-        },
-        "read_ratios": {k: median(["read", "ratios", k]) for k in runs[0]["read"]["ratios"]},
         "pixels": pixels(photos),
     }
+    for part in ("convert_photos", "convert_glyphs"):
+        if part in parts:
+            summary[part] = {k: median([part, k]) for k in runs[0][part]}
+    if "read" in parts:
+        for key in ("images_per_s", "ratios"):
+            summary[f"read_{key}"] = {k: median(["read", key, k]) for k in runs[0]["read"][key]}
     print(json.dumps(summary, indent=1))
     if args.json:
         with open(args.json, "w") as handle:

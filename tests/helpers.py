@@ -113,3 +113,27 @@ def tree_bytes(out: str | Path) -> dict[str, bytes]:
     """Every file under ``out`` (relative name -> bytes), to compare runs byte for byte."""
     out = Path(out)
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+class Killed(BaseException):
+    """A simulated kill: not an Exception, so no ``except Exception`` in the code stops it."""
+
+
+def dying_epoch_timer(training, die):
+    """A stand-in for ``chute.fit.train._EpochTimer`` whose epoch end raises :class:`Killed`
+    when ``die(epoch)`` is true (after the backup of that epoch: it runs last)."""
+    real_timer = training._EpochTimer
+
+    def make():
+        timer = real_timer()
+        original = timer.on_epoch_end
+
+        def on_epoch_end(epoch, logs=None):
+            original(epoch, logs)
+            if die(epoch):
+                raise Killed
+
+        timer.on_epoch_end = on_epoch_end
+        return timer
+
+    return make

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import make_folder, run_cli
+from helpers import Killed, dying_epoch_timer, make_folder, run_cli
 
 import chute
 from chute import ChuteError, TrainConfig
@@ -77,23 +77,8 @@ def test_overwrite_starts_the_run_afresh(data, tmp_path):
 
 
 def test_an_interrupted_run_continues_where_it_stopped(data, tmp_path, monkeypatch):
-    class Killed(BaseException):
-        pass
-
-    real_timer = training._EpochTimer
-
-    def dying_timer():
-        timer = real_timer()
-        original = timer.on_epoch_end
-
-        def on_epoch_end(epoch, logs=None):
-            original(epoch, logs)
-            if epoch == 1:
-                raise Killed  # after BackupAndRestore saved epoch 1 (it runs first)
-
-        timer.on_epoch_end = on_epoch_end
-        return timer
-
+    # killed after BackupAndRestore saved epoch 1 (it runs before the timer)
+    dying_timer = dying_epoch_timer(training, lambda epoch: epoch == 1)
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
         patch.setattr(training, "_EpochTimer", dying_timer)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_folder
+from helpers import Killed, dying_epoch_timer, make_folder
 
 import chute
 from chute import ChuteError
@@ -141,23 +141,10 @@ def test_fine_tune_trains_the_head_then_the_backbone_and_resumes(
         trainable = [layer.name for layer in backbone.layers if layer.trainable_weights]
         seen.append((phase, len(trainable), backbone.trainable))
 
-    class Killed(BaseException):
-        pass
-
-    real_timer = training._EpochTimer
-
-    def dying_timer():
-        timer = real_timer()
-        original = timer.on_epoch_end
-
-        def on_epoch_end(epoch, logs=None):
-            original(epoch, logs)
-            if seen and seen[-1][0] == "fine-tune" and epoch == 0:
-                raise Killed  # after the first fine-tuning epoch was backed up
-
-        timer.on_epoch_end = on_epoch_end
-        return timer
-
+    # killed after the first fine-tuning epoch was backed up
+    dying_timer = dying_epoch_timer(
+        training, lambda epoch: bool(seen) and seen[-1][0] == "fine-tune" and epoch == 0
+    )
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
         patch.setattr(trainer, "freeze", spy)

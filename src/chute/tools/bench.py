@@ -19,8 +19,15 @@ import tempfile
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from chute import collector
 from chute.errors import ChuteError
+from chute.ingest.convert import convert
+from chute.lazy import keras, tf
+from chute.read import dropin
+from chute.read.load import load
+from chute.tools import samples
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +115,6 @@ def run(
     Example:
         >>> figures = run(say=print)  # doctest: +SKIP
     """
-    import keras
-    import tensorflow as tf
-
-    from chute.ingest.convert import convert
-    from chute.read import dropin
-    from chute.read.load import load
-    from chute.tools import samples
-
     work_dir = work_dir or os.path.join(tempfile.gettempdir(), "chute-bench")
     if source is None:
         source = os.path.join(work_dir, "glyphs-657")
@@ -240,9 +239,6 @@ def run(
 
 
 def _model_figures(name, size, channels, batch_size, first_rate, cached_rate) -> dict:
-    import keras
-    import numpy as np
-
     factory = getattr(keras.applications, name, None)
     if factory is None:
         raise ChuteError(
