@@ -21,7 +21,8 @@ Figures (ratios from one run; medians over --repeats; every timed pass >= 10 s):
    with ``["crop", "flip"]``, seeded, and with ``["flip", "rotation", "zoom",
    "contrast"]`` on the host, against the "Keras on TPU" codelab's plain
    pipeline (``TFRecordDataset(num_parallel_reads=AUTOTUNE)`` ->
-   ``parse_single_example`` -> ``decode_jpeg`` -> ``batch``).
+   ``parse_single_example`` -> ``decode_jpeg`` -> ``batch``); the loaders take
+   turns, three rounds per run, and each run reports each one's median.
 4. how the pixels of DCT-scaled decoding compare with a full decode followed
    by the same resize (mean and 99th percentile of the absolute difference).
 """
@@ -243,18 +244,24 @@ def read(shards: str, seconds: float) -> dict:
     def load(**options):
         return lambda: chute.load(shards, batch_size=BATCH, cache=None, **options)
 
-    for make in (codelab, load(), load(augment=["crop", "flip"])):  # warm-up
-        for _ in make().take(3):
-            pass
-    rates = {
-        "codelab plain pipeline": timed(codelab, seconds),
-        "chute.load": timed(load(), seconds),
-        "chute.load crop+flip": timed(load(augment=["crop", "flip"]), seconds),
-        "chute.load crop+flip seeded": timed(load(augment=["crop", "flip"], seed=1), seconds),
-        "chute.load flip+rotation+zoom+contrast (host)": timed(
-            load(augment=["flip", "rotation", "zoom", "contrast"], augment_on="host"), seconds
+    makers = {
+        "codelab plain pipeline": codelab,
+        "chute.load": load(),
+        "chute.load crop+flip": load(augment=["crop", "flip"]),
+        "chute.load crop+flip seeded": load(augment=["crop", "flip"], seed=1),
+        "chute.load flip+rotation+zoom+contrast (host)": load(
+            augment=["flip", "rotation", "zoom", "contrast"], augment_on="host"
         ),
     }
+    for make in makers.values():  # warm-up
+        for _ in make().take(3):
+            pass
+    # The loaders take turns, three rounds: the machine's speed drifts within a run.
+    measured = {name: [] for name in makers}
+    for _ in range(3):
+        for name, make in makers.items():
+            measured[name].append(timed(make, seconds))
+    rates = {name: statistics.median(values) for name, values in measured.items()}
     base = rates["codelab plain pipeline"]
     unaugmented = rates["chute.load"]
     return {

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
+from chute.errors import ChuteError
 from chute.lazy import tf
 
 
@@ -208,8 +209,6 @@ def check_output(path: str, name: str) -> bool:
     if not exists(path):
         return False
     if not isdir(path):
-        from chute.errors import ChuteError
-
         raise ChuteError(f"`{name}` exists and is not a folder. Received: {name}={path!r}")
     return True
 
@@ -221,8 +220,6 @@ def replace_or_refuse(
     says what): refused unless ``overwrite``, and then only chute's own ``entries``
     (names in ``path``) are deleted, whatever else the folder holds."""
     if not overwrite:
-        from chute.errors import ChuteError
-
         raise ChuteError(
             f"`{name}` {path!r} holds {holds}. Pass overwrite=True (--overwrite) to replace "
             "it, or choose another folder"

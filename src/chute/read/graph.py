@@ -135,4 +135,7 @@ def _options():
     # Every stage is sized here (AUTOTUNE then means min(16, cores)), so tf.data's
     # autotuning model, which would cost a few percent of a pass, is off.
     options.autotune.enabled = False
+    # Parallelism comes from the parallel calls: an op inside one (a resize) that
+    # splits its own work across the cores only competes with the other calls.
+    options.threading.max_intra_op_parallelism = 1
     return options
