@@ -58,54 +58,10 @@ def fit_multiworker(
     """
     with strategy.scope():
         optimizer = make_optimizer(config, steps, learning_rate=learning_rate, epochs=epochs)
-        loss_fn = make_loss(config, reduction="none")
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
-    is_categorical = categorical(config)
-    weights = None
-    if class_weight:
-        weights = tf.constant([class_weight[i] for i in range(len(class_weight))], tf.float32)
+    train_step, val_step = _steps(model, strategy, optimizer, config, class_weight, augmentation,
+                                  train_ds.global_batch_size)  # fmt: skip
     global_batch = train_ds.global_batch_size
-    k = min(5, model.output_shape[-1])
-
-    def targets(labels):
-        return tf.argmax(labels, -1) if is_categorical else tf.cast(labels, tf.int64)
-
-    @tf.function
-    def train_step(iterator):
-        def step(images, labels):
-            if augmentation is not None:
-                if augmentation.mixing:
-                    images, labels = augmentation(images, labels)
-                else:
-                    images = augmentation(images)
-            with tf.GradientTape() as tape:
-                probs = model(images, training=True)
-                per_example = loss_fn(labels, probs)
-                if weights is not None:
-                    per_example *= tf.gather(weights, targets(labels))
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            truth = targets(labels)
-            right = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1), truth), tf.float32))
-            top = tf.reduce_sum(tf.cast(tf.math.in_top_k(truth, probs, k), tf.float32))
-            return tf.stack([loss, right, top])
-
-        return strategy.reduce("SUM", strategy.run(step, args=next(iterator)), axis=None)
-
-    @tf.function
-    def val_step(images, labels):
-        probs = model(images, training=False)
-        truth = targets(labels)
-        return tf.stack(
-            [
-                tf.reduce_sum(loss_fn(labels, probs)),
-                tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1), truth), tf.float32)),
-                tf.reduce_sum(tf.cast(tf.math.in_top_k(truth, probs, k), tf.float32)),
-                tf.cast(tf.shape(probs)[0], tf.float32),
-            ]
-        )
-
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
     manager = tf.train.CheckpointManager(checkpoint, backup, max_to_keep=1)
     resumed = manager.latest_checkpoint is not None
@@ -133,14 +89,7 @@ def fit_multiworker(
             "top5": totals[2] / seen,
         }
         if val_ds is not None:
-            sums = np.zeros(4)
-            for images, labels in val_ds:
-                sums += val_step(images, labels).numpy()
-            results.update(
-                val_loss=sums[0] / sums[3],
-                val_accuracy=sums[1] / sums[3],
-                val_top5=sums[2] / sums[3],
-            )
+            results.update(_validate(val_step, val_ds))
         with writer.as_default():
             for name, value in results.items():
                 history.setdefault(name, []).append(float(value))
@@ -158,3 +107,63 @@ def fit_multiworker(
             break
     storage.rmtree(backup)  # the phase is done
     return history, seconds
+
+
+def _steps(model, strategy, optimizer, config, class_weight, augmentation, global_batch):
+    """The distributed train step (loss, right, top-5 summed over replicas) and the
+    validation step (sums over a batch), as ``tf.function``s."""
+    loss_fn = make_loss(config, reduction="none")
+    is_categorical = categorical(config)
+    weights = None
+    if class_weight:
+        weights = tf.constant([class_weight[i] for i in range(len(class_weight))], tf.float32)
+    k = min(5, model.output_shape[-1])
+
+    def targets(labels):
+        return tf.argmax(labels, -1) if is_categorical else tf.cast(labels, tf.int64)
+
+    def counts(probs, labels):
+        truth = targets(labels)
+        right = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(probs, -1), truth), tf.float32))
+        top = tf.reduce_sum(tf.cast(tf.math.in_top_k(truth, probs, k), tf.float32))
+        return right, top
+
+    @tf.function
+    def train_step(iterator):
+        def step(images, labels):
+            if augmentation is not None:  # on the replica's device, like fit's wrapper
+                if augmentation.mixing:
+                    images, labels = augmentation(images, labels)
+                else:
+                    images = augmentation(images)
+            with tf.GradientTape() as tape:
+                probs = model(images, training=True)
+                per_example = loss_fn(labels, probs)
+                if weights is not None:
+                    per_example *= tf.gather(weights, targets(labels))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return tf.stack([loss, *counts(probs, labels)])
+
+        return strategy.reduce("SUM", strategy.run(step, args=next(iterator)), axis=None)
+
+    @tf.function
+    def val_step(images, labels):
+        probs = model(images, training=False)
+        size = tf.cast(tf.shape(probs)[0], tf.float32)
+        return tf.stack([tf.reduce_sum(loss_fn(labels, probs)), *counts(probs, labels), size])
+
+    return train_step, val_step
+
+
+def _validate(val_step, val_ds) -> dict[str, float]:
+    """Loss, accuracy and top-5 over the whole val split, on this worker alone."""
+    sums = np.zeros(4)
+    for images, labels in val_ds:
+        sums += val_step(images, labels).numpy()
+    return {
+        "val_loss": sums[0] / sums[3],
+        "val_accuracy": sums[1] / sums[3],
+        "val_top5": sums[2] / sums[3],
+    }

@@ -134,6 +134,73 @@ def run(
     if hasattr(os, "sync"):
         os.sync()  # the new shards written back now, not by the kernel during a timed pass
     size = (image_size, image_size)
+    rows = _measure(source, shards, size, color_mode, batch_size, say)
+    n = rows[0].images
+    channels = 1 if color_mode == "grayscale" else 3
+    ratios = _ratios(rows)
+    figures = {
+        "source": source,
+        "images": n,
+        "image_size": list(size),
+        "color_mode": color_mode,
+        "batch_size": batch_size,
+        "cores": os.cpu_count(),
+        "loaders": [
+            {
+                "name": r.name,
+                "images": r.images,
+                "seconds": [round(s, 4) for s in r.seconds],
+                "build_seconds": round(r.build, 4),
+                "images_per_s": [round(x) for x in r.rates],
+            }
+            for r in rows
+        ],
+        "ratios": {k: round(v, 2) for k, v in ratios.items()},
+    }
+    if model:
+        first, cached = rows[0].rates[0], rows[0].rates[1]
+        figures["model"] = _model_figures(model, size, channels, batch_size, first, cached)
+    return figures
+
+
+def _ratios(rows: list[Row]) -> dict[str, float]:
+    """chute's passes against each baseline's faster pass."""
+    by_name = {row.name.split(" (")[0]: row for row in rows}
+    load_row = rows[0]
+    first, cached = load_row.rates[0], load_row.rates[1]
+    ratios = {}
+    for baseline in (
+        "keras image_dataset_from_directory",
+        "tf_keras ImageDataGenerator.flow_from_directory",
+    ):
+        if baseline in by_name:
+            ratios[f"chute.load first pass / {baseline}"] = first / by_name[baseline].best
+            # cache=None: the pipeline for splits that do not fit in memory
+            ratios[f"chute.load first pass, no cache / {baseline}"] = (
+                by_name["chute.load, no cache"].rates[0] / by_name[baseline].best
+            )
+    # The same first pass without the one-time building of the dataset (tracing
+    # its functions): the reading itself, which is what grows with the data.
+    reading = load_row.images / (load_row.seconds[0] - load_row.build)
+    for baseline in (
+        "keras image_dataset_from_directory",
+        "tf_keras ImageDataGenerator.flow_from_directory",
+    ):
+        if baseline in by_name:
+            name = f"chute.load first pass without building the dataset / {baseline}"
+            ratios[name] = reading / by_name[baseline].best
+    ratios["chute.load cached pass / from_tensor_slices"] = (
+        cached / by_name["in-memory Dataset.from_tensor_slices"].best
+    )
+    ratios["chute drop-in / keras image_dataset_from_directory"] = (
+        by_name["chute.image_dataset_from_directory"].best
+        / by_name["keras image_dataset_from_directory"].best
+    )
+    return ratios
+
+
+def _measure(source, shards, size, color_mode, batch_size, say) -> list[Row]:
+    """Every loader's two passes, chute.load first."""
     rows: list[Row] = []
 
     def measure(name: str, make: Callable) -> None:
@@ -167,7 +234,6 @@ def run(
         rows.append(Row("tf_keras ImageDataGenerator.flow_from_directory", *idg))
     else:
         say("ImageDataGenerator skipped: install tf-keras and scipy (pip install chute[bench])")
-    n = rows[0].images
     channels = 1 if color_mode == "grayscale" else 3
     images = tf.zeros((rows[1].images, *size, channels), tf.uint8)
     labels = tf.zeros((rows[1].images,), tf.int32)
@@ -181,61 +247,7 @@ def run(
         ),
     )
 
-    by_name = {row.name.split(" (")[0]: row for row in rows}
-    load_row = rows[0]
-    first, cached = load_row.rates[0], load_row.rates[1]
-    ratios = {}
-    for baseline in (
-        "keras image_dataset_from_directory",
-        "tf_keras ImageDataGenerator.flow_from_directory",
-    ):
-        if baseline in by_name:
-            ratios[f"chute.load first pass / {baseline}"] = first / by_name[baseline].best
-            # cache=None: the pipeline for splits that do not fit in memory
-            ratios[f"chute.load first pass, no cache / {baseline}"] = (
-                by_name["chute.load, no cache"].rates[0] / by_name[baseline].best
-            )
-    # The same first pass without the one-time building of the dataset (tracing
-    # its functions): the reading itself, which is what grows with the data.
-    reading = load_row.images / (load_row.seconds[0] - load_row.build)
-    for baseline in (
-        "keras image_dataset_from_directory",
-        "tf_keras ImageDataGenerator.flow_from_directory",
-    ):
-        if baseline in by_name:
-            name = f"chute.load first pass without building the dataset / {baseline}"
-            ratios[name] = reading / by_name[baseline].best
-    ratios["chute.load cached pass / from_tensor_slices"] = (
-        cached / by_name["in-memory Dataset.from_tensor_slices"].best
-    )
-    ratios["chute drop-in / keras image_dataset_from_directory"] = (
-        by_name["chute.image_dataset_from_directory"].best
-        / by_name["keras image_dataset_from_directory"].best
-    )
-    figures = {
-        "source": source,
-        "images": n,
-        "image_size": list(size),
-        "color_mode": color_mode,
-        "batch_size": batch_size,
-        "cores": os.cpu_count(),
-        "loaders": [
-            {
-                "name": r.name,
-                "images": r.images,
-                "seconds": [round(s, 4) for s in r.seconds],
-                "build_seconds": round(r.build, 4),
-                "images_per_s": [round(x) for x in r.rates],
-            }
-            for r in rows
-        ],
-        "ratios": {k: round(v, 2) for k, v in ratios.items()},
-    }
-    if model:
-        figures["model"] = _model_figures(
-            model, size, channels, batch_size, len(load_row.rates) and first, cached
-        )
-    return figures
+    return rows
 
 
 def _model_figures(name, size, channels, batch_size, first_rate, cached_rate) -> dict:
