@@ -33,6 +33,7 @@ from chute.ingest import plan as plan_lib
 from chute.ingest import resume, sources
 from chute.ingest import workers as worker_pool
 from chute.ingest.decode import Probe
+from chute.ingest.encode import Encoded
 from chute.ingest.options import ConvertOptions
 from chute.ingest.split import LeakGuard, split_items
 from chute.ingest.writer import ShardWriter
@@ -139,7 +140,8 @@ def convert(
             len(found.class_names),
             found.kind,
         )
-        with worker_pool.start_pool(workers if len(found.items) > ENCODE_CHUNK else 1) as pool:
+        processes = workers if len(found.items) > ENCODE_CHUNK else 1
+        with worker_pool.start_pool(processes, on_crash=_crashed) as pool:
             spec, shards, rejects = _plan(found, options, pool, progress)
             written = _write_shards(found, shards, spec, output, options, pool, progress)
         manifest = _finish(found, spec, options, written, rejects, output)
@@ -186,6 +188,17 @@ def _probe(
         if progress:
             progress("check", len(probes), len(indices))
     return probes
+
+
+def _crashed(function: str, task: tuple, code: int) -> list:
+    """The result of a task that killed two worker processes: each of its files rejected."""
+    reason = (
+        f"the worker process crashed twice (exit code {code}) on the chunk of "
+        f"{len(task[0])} files holding this one"
+    )
+    if function == "probe_chunk":
+        return [Probe(reason, False, 0, 0, "", 0) for _ in task[0]]
+    return [Encoded(None, None, reason) for _ in task[0]]
 
 
 # -- the plan -----------------------------------------------------------------------------

@@ -23,10 +23,6 @@ from chute.format import storage
 from chute.format.spec import ImageSpec
 from chute.ingest.options import DEFAULT_MAX_PIXELS
 
-# We enforce our own pixel limit (ImageSpec.max_pixels) and reject, rather
-# than letting Pillow warn or raise at its built-in one.
-Image.MAX_IMAGE_PIXELS = None
-
 cv2.setNumThreads(1)  # parallelism comes from worker processes
 _FILTERS = {
     "nearest": cv2.INTER_NEAREST_EXACT,
@@ -67,8 +63,10 @@ def _open(source: bytes | Any, max_pixels: int) -> Image.Image:
             image = Image.open(source)
     except UnidentifiedImageError:
         raise Rejected("not an image Pillow can identify") from None
+    except Image.DecompressionBombError as error:  # Pillow's own guard (outside workers)
+        raise Rejected(f"too many pixels: {error}") from None
     except Exception as error:  # untrusted bytes: any parser failure is a bad file
-        raise Rejected(f"unreadable image header: {error}") from None
+        raise Rejected(f"unreadable image header: {_describe(error)}") from None
     width, height = image.size
     if width * height > max_pixels:
         raise Rejected(
@@ -115,6 +113,14 @@ def _probe(payload: Any, max_pixels: int) -> Probe:
         return Probe(f"cannot read file: {error.strerror or error}", False, 0, 0, "", 0)
     except Rejected as reason:
         return Probe(str(reason), False, 0, 0, "", 0)
+    except Exception as error:  # untrusted bytes: any failure rejects this file only
+        return Probe(f"unreadable image header: {_describe(error)}", False, 0, 0, "", 0)
+
+
+def _describe(error: BaseException) -> str:
+    """An exception as one short line: its type and message."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"[:300] if text else type(error).__name__
 
 
 def _probe_header(handle: Any, size: int, max_pixels: int) -> Probe:

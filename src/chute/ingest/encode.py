@@ -54,6 +54,9 @@ def encode_chunk(
             out.append(Encoded(digest, encode_one(key, label, payload, spec, max_pixels), None))
         except Rejected as reason:
             out.append(Encoded(digest, None, str(reason)))
+        except Exception as error:  # untrusted input: any failure rejects this one only
+            reason = f"cannot convert image: {type(error).__name__}: {error}"
+            out.append(Encoded(digest, None, reason.splitlines()[0][:300]))
     return out
 
 

@@ -11,6 +11,7 @@ output never depends on the number of workers.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -20,7 +21,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 from chute import checks
@@ -32,7 +33,16 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct("<Q")
 
 
-def _functions() -> dict:
+# A worker's first lines: the current directory off sys.path (a module file there must
+# not shadow a library), then the serving loop of the module named in argv.
+_BOOTSTRAP = (
+    "import os, sys; cwd = os.getcwd(); "
+    "sys.path[:] = [p for p in sys.path if p not in ('', '.', cwd)]; "
+    "import importlib; importlib.import_module(sys.argv[1]).serve()"
+)
+
+
+def functions() -> dict:
     """What a worker may be asked to run, by name."""
     from chute.ingest import decode, encode
 
@@ -66,25 +76,40 @@ def _receive(stream: BinaryIO) -> Any:
 class WorkerPool:
     """``workers`` processes running the conversion's image functions.
 
+    A worker that dies (a decoder crashing the process, an out-of-memory kill)
+    is replaced and its unfinished tasks are sent again; a task it was
+    running when it died is tried once more, and if that kills a worker too,
+    ``on_crash(function, task, exit_code)`` gives its result instead (the
+    conversion rejects the task's files): a crash never ends the run.
+
+    Workers start from a bootstrap that keeps the current directory off
+    ``sys.path`` (a ``numpy.py`` there must not run in every worker).
+
     Example:
         >>> with WorkerPool(2) as pool:  # doctest: +SKIP
         ...     results = list(pool.ordered("probe_chunk", tasks))
     """
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, *, module: str = __name__, on_crash: Callable | None = None):
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        self._procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "chute.ingest.workers"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=env,
-            )
-            for _ in range(workers)
-        ]
+        self._env = dict(os.environ, PYTHONSAFEPATH="1")
+        self._env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [package_root, self._env.get("PYTHONPATH")])
+        )
+        self._module = module
+        self._on_crash = on_crash
+        self._procs = [self._start() for _ in range(workers)]
+        # per worker: the tasks sent and not answered yet, oldest first: [function, task, tries]
+        self._pending: list[collections.deque] = [collections.deque() for _ in range(workers)]
         self._broken = False
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", _BOOTSTRAP, self._module],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self._env,
+        )
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -104,11 +129,10 @@ class WorkerPool:
         in_flight: list[int] = []  # worker of each pending task, oldest first
         for number, task in enumerate(tasks):
             worker = number % len(self._procs)
-            try:
+            self._pending[worker].append([function, task, 1])
+            # a dead worker: reading its next result notices, and replaces it
+            with contextlib.suppress(BrokenPipeError):
                 _send(self._procs[worker].stdin, (function, task))
-            except BrokenPipeError:
-                self._broken = True
-                raise self._died(worker) from None
             in_flight.append(worker)
             if len(in_flight) >= window:
                 yield self._result(in_flight.pop(0))
@@ -116,23 +140,51 @@ class WorkerPool:
             yield self._result(in_flight.pop(0))
 
     def _result(self, worker: int) -> Any:
-        proc = self._procs[worker]
+        """The result of ``worker``'s oldest pending task."""
         self._broken = True  # until this result is read intact
-        try:
-            status, value = _receive(proc.stdout)
-        except EOFError:
-            raise self._died(worker) from None
+        while True:
+            try:
+                status, value = _receive(self._procs[worker].stdout)
+                break
+            except EOFError:
+                crashed = self._replace(worker)
+                if crashed is not None:
+                    self._broken = False
+                    return crashed
+        self._pending[worker].popleft()
         if status == "error":
             raise RuntimeError(f"worker process failed:\n{value}")
         self._broken = False
         return value
 
-    def _died(self, worker: int) -> ChuteError:
+    def _replace(self, worker: int) -> Any:
+        """Starts a new process for a dead worker and sends it the dead one's pending
+        tasks again. Returns the crash result of the task it died on when that task
+        has now killed two processes, else None."""
         code = self._procs[worker].wait()
-        return ChuteError(
-            f"a worker process died (exit code {code}); out of memory? Run the same "
-            "command again to resume, with fewer workers if it happens again"
-        )
+        with contextlib.suppress(OSError):
+            self._procs[worker].stdin.close()
+        self._procs[worker].stdout.close()
+        pending = self._pending[worker]
+        function, task, tries = pending[0]
+        crashed = None
+        if tries >= 2 or self._on_crash is None:
+            if self._on_crash is None:
+                raise ChuteError(
+                    f"a worker process died (exit code {code}); out of memory? Run the same "
+                    "command again to resume, with fewer workers if it happens again"
+                )
+            log.warning("a worker process died twice on one task (exit code %d)", code)
+            pending.popleft()
+            crashed = self._on_crash(function, task, code)
+        else:
+            log.warning("a worker process died (exit code %d); starting another", code)
+            pending[0][2] += 1
+        self._procs[worker] = self._start()
+        for function, task, _ in pending:
+            with contextlib.suppress(BrokenPipeError):  # died again: read, noticed, replaced
+                _send(self._procs[worker].stdin, (function, task))
+        return crashed
 
     def close(self, *, kill: bool = False) -> None:
         """Stops the workers: at once with ``kill`` (after an error), else when idle."""
@@ -151,7 +203,11 @@ class WorkerPool:
 
 
 class InlinePool:
-    """The same interface, working in this process (one worker, or tiny jobs)."""
+    """The same interface, working in this process (one worker, or tiny jobs).
+
+    Pillow's decompression-bomb guard stays on here (a host process's setting);
+    images it refuses are rejected.
+    """
 
     def __enter__(self) -> InlinePool:
         return self
@@ -161,7 +217,7 @@ class InlinePool:
 
     def ordered(self, function: str, tasks: Iterable[tuple], window: int | None = None) -> Iterator:
         """Results of ``function(*task)``, in task order."""
-        fn = _functions()[function]
+        fn = functions()[function]
         for task in tasks:
             yield fn(*task)
 
@@ -169,17 +225,25 @@ class InlinePool:
         """Nothing to stop."""
 
 
-def start_pool(workers: int) -> WorkerPool | InlinePool:
+def start_pool(workers: int, on_crash: Callable | None = None) -> WorkerPool | InlinePool:
     """Worker processes, or an inline pool when ``workers`` is 1."""
-    return WorkerPool(workers) if workers > 1 else InlinePool()
+    return WorkerPool(workers, on_crash=on_crash) if workers > 1 else InlinePool()
 
 
-def _serve() -> None:
+def serve(table: dict | None = None) -> None:
     """A worker's loop: read tasks from stdin (in a thread, so the parent never
-    blocks writing while this process writes a large result), run, reply."""
+    blocks writing while this process writes a large result), run, reply.
+
+    ``table`` maps task names to functions (default: :func:`functions`).
+    """
     import signal
 
-    functions = _functions()
+    from PIL import Image
+
+    # Workers enforce the conversion's own pixel limit (max_pixels) and reject
+    # larger images, rather than Pillow warning or raising at its built-in one.
+    Image.MAX_IMAGE_PIXELS = None
+    table = functions() if table is None else table
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # anything printed must not corrupt the result stream
@@ -197,9 +261,9 @@ def _serve() -> None:
     while (task := tasks.get()) is not None:
         function, args = task
         try:
-            if function not in functions:
+            if function not in table:
                 raise ValueError(f"unknown worker function {function!r}")
-            _send(stdout, ("ok", functions[function](*args)))
+            _send(stdout, ("ok", table[function](*args)))
         except Exception:
             import traceback
 
@@ -207,4 +271,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    serve()
