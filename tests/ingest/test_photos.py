@@ -148,3 +148,39 @@ def test_shorter_side_from_the_command_line(tmp_path):
 def test_shorter_side_option_errors(options, message):
     with pytest.raises(ChuteError, match=message):
         chute.ConvertOptions(**options)
+
+
+@pytest.mark.parametrize("keep_metadata", [False, True])
+def test_jpegs_stored_as_they_came_lose_their_metadata_unless_asked(tmp_path, keep_metadata):
+    pixels = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x010F] = "CameraMaker"
+    exif[0x8825] = {1: "N", 2: (51.0, 28.0, 38.0)}  # GPS latitude
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", exif=exif, comment=b"secret note")
+    original = buffer.getvalue() + b"trailing bytes after the end marker"
+    for name in ("a", "b"):
+        (tmp_path / "src" / name).mkdir(parents=True)
+        (tmp_path / "src" / name / "x.jpg").write_bytes(original)
+    out = tmp_path / "out"
+    chute.convert(tmp_path / "src", out, keep_size=True, keep_metadata=keep_metadata, workers=1)
+    (record, *_) = all_records(out)
+    if keep_metadata:
+        assert record["image"] == original
+    else:
+        stored = record["image"]
+        assert b"Exif" not in stored and b"secret note" not in stored
+        assert b"CameraMaker" not in stored and stored.endswith(b"\xff\xd9")
+        same = np.asarray(Image.open(io.BytesIO(stored)))
+        np.testing.assert_array_equal(same, np.asarray(Image.open(io.BytesIO(original))))
+
+
+def test_stripping_keeps_every_image_segment_of_baseline_and_progressive_jpegs():
+    pixels = np.random.default_rng(1).integers(0, 256, (17, 23, 3), dtype=np.uint8)
+    for progressive in (False, True):
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", progressive=progressive)
+        plain = buffer.getvalue()
+        assert decoding.strip_jpeg_metadata(plain) == plain  # nothing to strip
+        assert decoding.strip_jpeg_metadata(plain + b"junk") == plain
+    assert decoding.strip_jpeg_metadata(plain[:40]) is None  # cut inside a segment

@@ -42,6 +42,9 @@ class ImageSpec:
         shorter_side: with ``height``/``width`` None: each image kept at its
             aspect ratio, scaled down so that its shorter side is at most this
             (room for training-time cropping); None keeps every size.
+        keep_metadata: JPEGs stored as they came keep their EXIF, XMP, IPTC,
+            comments and trailing bytes; by default these are stripped (GPS
+            positions and the like do not travel into shards).
     """
 
     height: int | None
@@ -52,6 +55,7 @@ class ImageSpec:
     interpolation: str = "bilinear"
     quality: int = 90
     shorter_side: int | None = None
+    keep_metadata: bool = False
 
     def __post_init__(self) -> None:
         if (self.height is None) != (self.width is None):

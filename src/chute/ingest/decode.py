@@ -289,7 +289,56 @@ def _load(payload: Any, spec: ImageSpec, max_pixels: int) -> tuple[Image.Image, 
     if orientation != 1:
         image = ImageOps.exif_transpose(image)
     original = data if keep else None
+    if original is not None and not spec.keep_metadata:
+        original = strip_jpeg_metadata(original)  # None when it is not well formed
     return image, original
+
+
+# Segments kept when stripping: APP0 (JFIF), APP2 (ICC colour profile), APP14 (Adobe
+# colour transform) and everything that is not APPn or a comment (the image itself).
+_KEPT_APPS = frozenset({0xE0, 0xE2, 0xEE})
+
+
+def strip_jpeg_metadata(data: bytes) -> bytes | None:
+    """``data`` without its EXIF/XMP (APP1), IPTC (APP13) and other APPn segments but
+    APP0/APP2/APP14, without comments and without bytes after the end marker. The
+    image data are copied as they are (lossless). None when the markers do not parse.
+
+    Example:
+        >>> strip_jpeg_metadata(b"not a jpeg") is None
+        True
+    """
+    if data[:2] != b"\xff\xd8":
+        return None
+    out = bytearray(data[:2])
+    position, end = 2, len(data)
+    while position + 2 <= end:
+        if data[position] != 0xFF:
+            return None
+        marker = data[position + 1]
+        if marker == 0xFF:  # fill byte
+            position += 1
+            continue
+        if marker == 0xD9:  # end of image: what follows is dropped
+            out += data[position : position + 2]
+            return bytes(out)
+        length = int.from_bytes(data[position + 2 : position + 4], "big")
+        segment_end = position + 2 + length
+        if position + 4 > end or length < 2 or segment_end > end:
+            return None
+        if marker == 0xDA:  # start of scan: the entropy-coded data run to the next marker
+            scan = segment_end
+            while scan + 1 < end and not (
+                data[scan] == 0xFF and data[scan + 1] not in (0x00, *range(0xD0, 0xD8), 0xFF)
+            ):
+                scan += 1
+            out += data[position:scan]
+            position = scan
+            continue
+        if not (0xE0 <= marker <= 0xEF and marker not in _KEPT_APPS) and marker != 0xFE:
+            out += data[position:segment_end]
+        position = segment_end
+    return None
 
 
 def _scale_while_decoding(image: Image.Image, spec: ImageSpec, orientation: int) -> None:

@@ -78,6 +78,9 @@ class ConvertOptions:
         min_shards: minimum shards per split; ``None`` means 16 when the split
             has enough images (at least 64 per shard).
         max_pixels: images with more pixels are rejected (decompression bombs).
+        keep_metadata: JPEGs stored as they came (kept at their size, upright)
+            keep their EXIF/XMP/IPTC, comments and trailing bytes; by default
+            these are stripped, losslessly.
         shorter_side: keep each image's aspect ratio, scaled down so that its
             shorter side is at most this many pixels (smaller ones are kept as
             they are): photos stored larger than the training size, for
@@ -108,6 +111,7 @@ class ConvertOptions:
         None, "shards per split at least (default: 16 when each gets >= 64 images)", type=int
     )
     max_pixels: int = option(DEFAULT_MAX_PIXELS, "reject larger images (decompression bombs)")
+    keep_metadata: bool = option(False, "keep EXIF/XMP/GPS in JPEGs stored as they came")
     shorter_side: int | None = option(
         None, "keep aspect ratios, shorter side scaled down to N (for crops when training)",
         type=int, metavar="N",

@@ -94,6 +94,7 @@ def image_spec(options: ConvertOptions, probes: list[Probe] | None) -> ImageSpec
         resize=options.resize,
         interpolation=options.interpolation,
         shorter_side=options.shorter_side,
+        keep_metadata=options.keep_metadata,
     )
     log.info("storing images as %s", spec.describe())
     return spec
