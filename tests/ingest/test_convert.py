@@ -134,7 +134,11 @@ def test_shard_file_names_carry_split_index_and_count(tmp_path):
         expected.update(files)
     assert sorted(manifest.splits) == ["test", "train", "val"]
     assert {p.name for p in out.glob("*.tfrecord")} == expected
-    assert {p.name for p in out.iterdir()} == expected | {"manifest.json", "rejects.csv"}
+    assert {p.name for p in out.iterdir()} == expected | {
+        "manifest.json",
+        "rejects.csv",
+        "source-files.csv",
+    }
 
 
 # -- the split ------------------------------------------------------------------------------

@@ -290,3 +290,82 @@ def test_kill_9_mid_run_then_rerun_is_byte_identical(tmp_path):
     chute.convert(str(src), reference, workers=1, min_shards=12)
     assert tree_bytes(out) == tree_bytes(reference)
     assert chute.verify(out).ok
+
+
+# -- one writer at a time, and what a re-run checks ----------------------------------------
+
+
+def test_a_second_conversion_into_the_same_output_stops_at_once(src, tmp_path):
+    out = tmp_path / "out"
+    with resume.locked(str(out)):  # a conversion holding OUT (this process: alive)
+        with pytest.raises(ChuteError, match="Another chute convert is writing") as caught:
+            chute.convert(src, out, workers=1, **OPTIONS)
+        assert str(os.getpid()) in str(caught.value)
+    assert not (out / "manifest.json").exists()
+    chute.convert(src, out, workers=1, **OPTIONS)  # the lock is gone with its holder
+    assert not (out / resume.LOCK_NAME).exists()
+
+
+def test_a_lock_left_by_a_process_that_is_gone_is_taken_over(src, reference, tmp_path, caplog):
+    out = tmp_path / "out"
+    out.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    import json
+    import socket
+
+    lock = {"pid": int(gone.stdout), "host": socket.gethostname(), "since": "earlier"}
+    (out / resume.LOCK_NAME).write_text(json.dumps(lock))
+    with caplog.at_level("WARNING"):
+        chute.convert(src, out, workers=1, **OPTIONS)
+    assert "taking over the lock" in caplog.text
+    assert tree_bytes(out) == reference
+
+
+def test_a_finished_shard_that_changed_is_written_again_on_resume(
+    src, reference, tmp_path, monkeypatch
+):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 4)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    shard = out / "train-00001-of-00004.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same length, other bytes
+    shard.write_bytes(bytes(data))
+    result = chute.convert(src, out, workers=1, **OPTIONS)
+    assert result.resumed_shards == 2  # train-00000 and 00002 kept, 00001 redone
+    assert tree_bytes(out) == reference
+
+
+def test_shards_of_an_earlier_plan_are_removed(src, reference, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 2)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    (out / "train-00007-of-00009.tfrecord").write_bytes(b"from another plan")
+    chute.convert(src, out, workers=1, **OPTIONS)
+    assert tree_bytes(out) == reference
+
+
+def test_a_changed_source_is_named_on_a_rerun_of_a_finished_output(src, tmp_path):
+    out = tmp_path / "out"
+    chute.convert(src, out, workers=1, **OPTIONS)
+    assert chute.convert(src, out, workers=1, **OPTIONS).already_done  # unchanged: a no-op
+    from helpers import write_image
+
+    write_image(src / "a" / "new.png", seed=777)
+    (src / "b" / "001.png").unlink()
+    changed = src / "c" / "002.png"
+    write_image(changed, seed=778)
+    os.utime(changed, ns=(OLD_NS, OLD_NS))
+    with pytest.raises(ChuteError, match="`source` changed") as caught:
+        chute.convert(src, out, workers=1, **OPTIONS)
+    message = str(caught.value)
+    assert "added a/new.png" in message
+    assert "removed b/001.png" in message
+    assert "changed c/002.png" in message
+    result = chute.convert(src, out, workers=1, overwrite=True, **OPTIONS)
+    assert not result.already_done and result.manifest.source["num_items"] == 40

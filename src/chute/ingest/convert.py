@@ -127,11 +127,7 @@ def convert(
 
     # No cycles worth collecting are made here; a full collection walks every object.
     with collector.paused():
-        done = resume.existing_state(source, output, options, overwrite)
-        if done is not None:
-            log.info("%s already holds this conversion; nothing to do", output)
-            resume.remove_work_dir(output)
-            return ConvertResult(done, output, already_done=True)
+        storage.check_output(output, "output")
         found = sources.scan(source, allow_outside=allow_outside)
         log.info(
             "%s: %d images in %d classes (%s)",
@@ -140,11 +136,18 @@ def convert(
             len(found.class_names),
             found.kind,
         )
-        processes = workers if len(found.items) > ENCODE_CHUNK else 1
-        with worker_pool.start_pool(processes, on_crash=_crashed) as pool:
-            spec, shards, rejects = _plan(found, options, pool, progress)
-            written = _write_shards(found, shards, spec, output, options, pool, progress)
-        manifest = _finish(found, spec, options, written, rejects, output)
+        files = resume.listing(found)
+        with resume.locked(output):
+            done = resume.existing_state(source, output, options, overwrite, files)
+            if done is not None:
+                log.info("%s already holds this conversion; nothing to do", output)
+                resume.remove_work_dir(output)
+                return ConvertResult(done, output, already_done=True)
+            processes = workers if len(found.items) > ENCODE_CHUNK else 1
+            with worker_pool.start_pool(processes, on_crash=_crashed) as pool:
+                spec, shards, rejects = _plan(found, options, pool, progress)
+                written = _write_shards(found, shards, spec, output, options, pool, progress)
+            manifest = _finish(found, spec, options, written, rejects, files, output)
     return ConvertResult(
         manifest, output, resumed_shards=written.resumed, seconds=time.perf_counter() - started
     )
@@ -281,6 +284,7 @@ def _write_shards(
         "spec": spec.to_dict(),
     }
     resume.start_work(output, stamp)
+    resume.remove_orphans(output, {shard.name for shard in plan})
     notes = {shard.name: resume.load_done(output, shard.name) for shard in plan}
     todo = [shard for shard in plan if notes[shard.name] is None]
     if len(todo) < len(plan):
@@ -362,6 +366,7 @@ def _finish(
     options: ConvertOptions,
     written: _Written,
     header_rejects: list[dict],
+    files: list[tuple[str, int, int]],
     output: str,
 ) -> manifest_lib.Manifest:
     """Writes ``rejects.csv`` and, last, the manifest; removes the work folder."""
@@ -412,6 +417,7 @@ def _finish(
         location=output,
     )
     resume.write_rejects(output, rejects)
+    resume.write_listing(output, files)
     manifest.save(output)  # last: its presence means the conversion is complete
     resume.remove_work_dir(output)
     log.info(

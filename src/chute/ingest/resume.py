@@ -1,19 +1,32 @@
-"""The state of an output folder: finished, resumable, someone else's.
+"""The state of an output folder: finished, resumable, someone else's, busy.
 
-A conversion writes into ``OUT``: shards, ``rejects.csv`` and, last,
-``manifest.json``. While it runs, ``OUT/.chute-work`` holds the plan's stamp
+A conversion writes into ``OUT``: shards, ``rejects.csv``, ``source-files.csv``
+(each source file's size and modification time) and, last, ``manifest.json``.
+While it runs, ``OUT/.chute-lock`` says who is writing (a second conversion into
+the same ``OUT`` stops at once) and ``OUT/.chute-work`` holds the plan's stamp
 (source, options, layout) and one note per finished shard; a re-run with the
-same stamp keeps those shards and redoes the rest.
+same stamp keeps those shards (after checking their sha256) and redoes the rest.
+A re-run on a finished ``OUT`` compares the source's files with
+``source-files.csv``: unchanged, it is a no-op; changed, it names what changed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import datetime
+import hashlib
+import io
 import json
 import logging
+import os
+import socket
+from collections.abc import Iterator
 
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
+from chute.ingest import sources
 from chute.ingest.options import ConvertOptions
 from chute.ingest.plan import SHARD_NAME
 
@@ -21,16 +34,151 @@ log = logging.getLogger(__name__)
 
 WORK_DIR = manifest_lib.WORK_DIR
 REJECTS_NAME = "rejects.csv"
+SOURCE_FILES = "source-files.csv"
+LOCK_NAME = ".chute-lock"
 _PLAN = "plan.json"
 
 
+@contextlib.contextmanager
+def locked(output: str) -> Iterator[None]:
+    """Holds ``OUT/.chute-lock`` while a conversion writes into ``output`` (created if
+    needed). A lock left by a process that is gone (same machine) is taken over.
+
+    Raises:
+        ChuteError: another conversion is writing into ``output``.
+    """
+    storage.check_output(output, "output")
+    storage.makedirs(output)
+    path = storage.join(output, LOCK_NAME)
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+    if not _take(path, me):
+        holder = _holder(path)
+        if holder is None or _alive(holder):
+            who = (
+                f"pid {holder['pid']} on {holder['host']}, since {holder['since']}"
+                if holder
+                else "unknown"
+            )
+            raise ChuteError(
+                f"Another chute convert is writing into `output` ({who}). Received: "
+                f"output={output!r}; wait for it to end, or, if it is no longer running, "
+                f"delete {path}"
+            )
+        log.warning("taking over the lock of a conversion that is gone: %s", holder)
+        storage.remove_if_exists(path)
+        if not _take(path, me):
+            raise ChuteError(f"Another chute convert took the lock {path} just now")
+    try:
+        yield
+    finally:
+        storage.remove_if_exists(path)
+
+
+def _take(path: str, me: dict) -> bool:
+    """Creates the lock file; False if it exists (atomic for local paths; for other
+    filesystems, which have no exclusive create, a check then a write)."""
+    text = json.dumps(me).encode()
+    if storage.is_local(path):
+        try:
+            handle = os.open(storage.local_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        with os.fdopen(handle, "wb") as file:
+            file.write(text)
+        return True
+    if storage.exists(path):
+        return False
+    storage.write_atomic(path, text)
+    return True
+
+
+def _holder(path: str) -> dict | None:
+    try:
+        holder = json.loads(storage.read_bytes(path))
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) and {"pid", "host"} <= set(holder) else None
+
+
+def _alive(holder: dict) -> bool:
+    """Whether the process holding a lock may still run (another machine: assume so)."""
+    if holder["host"] != socket.gethostname():
+        return True
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, OverflowError):
+        return True
+    return True
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def listing(found: sources.Source) -> list[tuple[str, int, int]]:
+    """Each source file's ``(key, size, modification time in ns)``, sorted by key: what
+    tells a changed source on a re-run (-1 where the filesystem does not say cheaply)."""
+    if found.kind in ("npz", "keras") or not found.items or found.items[0].path is None:
+        location = found.location
+        if found.kind == "npz" and storage.is_local(location):
+            stat = os.stat(storage.local_path(location))
+            return [(location, stat.st_size, stat.st_mtime_ns)]
+        return [(location, -1, -1)]
+    rows = []
+    for item in found.items:
+        size, mtime = -1, -1
+        if storage.is_local(item.path):
+            with contextlib.suppress(OSError):
+                stat = os.stat(storage.local_path(item.path))
+                size, mtime = stat.st_size, stat.st_mtime_ns
+        rows.append((item.key, size, mtime))
+    return sorted(rows)
+
+
+def write_listing(output: str, rows: list[tuple[str, int, int]]) -> None:
+    """``source-files.csv``: the listing a re-run compares with."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["key", "size", "mtime_ns"])
+    writer.writerows(rows)
+    storage.write_atomic(storage.join(output, SOURCE_FILES), buffer.getvalue().encode())
+
+
+def _changes(output: str, rows: list[tuple[str, int, int]]) -> list[str]:
+    """What differs between the source's files now and when ``output`` was converted
+    (nothing known, for conversions made before the listing was kept)."""
+    path = storage.join(output, SOURCE_FILES)
+    if not storage.exists(path):
+        return []
+    before = {
+        row[0]: (int(row[1]), int(row[2]))
+        for row in list(csv.reader(io.StringIO(storage.read_bytes(path).decode())))[1:]
+    }
+    now = {key: (size, mtime) for key, size, mtime in rows}
+    added = sorted(set(now) - set(before))
+    removed = sorted(set(before) - set(now))
+    changed = sorted(k for k in set(now) & set(before) if now[k] != before[k])
+    return (
+        [f"added {k}" for k in added]
+        + [f"removed {k}" for k in removed]
+        + [f"changed {k}" for k in changed]
+    )
+
+
 def existing_state(
-    source: str, output: str, options: ConvertOptions, overwrite: bool
+    source: str,
+    output: str,
+    options: ConvertOptions,
+    overwrite: bool,
+    files: list[tuple[str, int, int]] | None = None,
 ) -> manifest_lib.Manifest | None:
     """Returns the manifest of an identical finished run, or None to (re)start.
 
-    Raises when the output holds a different conversion or other files, unless
-    ``overwrite`` (then chute's own files there are removed).
+    Raises when the output holds a different conversion or other files, or when
+    the source's ``files`` (see :func:`listing`) changed since an identical
+    finished run, unless ``overwrite`` (then chute's own files there are removed).
     """
     if not storage.check_output(output, "output"):
         return None
@@ -41,14 +189,23 @@ def existing_state(
         existing = manifest_lib.load(output)
         previous = {"source": existing.source.get("location"), "options": existing.options}
         if previous == wanted and not overwrite:
-            return existing
+            changes = _changes(output, files or [])
+            if not changes:
+                return existing
+            shown = "; ".join(changes[:10]) + (
+                f"; ... {len(changes)} in all" if len(changes) > 10 else ""
+            )
+            raise ChuteError(
+                f"`source` changed since {output!r} was converted from it ({shown}). Pass "
+                "overwrite=True (--overwrite) to convert it again, or choose another folder"
+            )
     elif storage.exists(plan_file):
         stored = json.loads(storage.read_bytes(plan_file))
         previous = {"source": stored.get("source"), "options": stored.get("options")}
         if previous == wanted and not overwrite:
             return None  # resume
     else:
-        if storage.listdir(output) and not overwrite:
+        if [n for n in storage.listdir(output) if n != LOCK_NAME] and not overwrite:
             raise ChuteError(
                 "`output` is a non-empty folder that chute did not write. "
                 f"Received: output={output!r}; choose an empty or new folder"
@@ -79,8 +236,17 @@ def _outputs(output: str) -> list[str]:
         name
         for name in storage.listdir(output)
         if SHARD_NAME.match(name)
-        or name in (manifest_lib.MANIFEST_NAME, REJECTS_NAME, manifest_lib.WORK_DIR)
+        or name in (manifest_lib.MANIFEST_NAME, REJECTS_NAME, SOURCE_FILES, WORK_DIR)
     ]
+
+
+def remove_orphans(output: str, planned: set[str]) -> None:
+    """Deletes shard files in ``output`` that the current plan does not name (left by
+    an interrupted run under another plan): a finished folder holds only its own."""
+    for name in storage.listdir(output):
+        if SHARD_NAME.match(name) and name not in planned:
+            log.info("removing %s, a shard of an earlier plan", name)
+            storage.remove(storage.join(output, name))
 
 
 def remove_outputs(output: str) -> None:
@@ -95,13 +261,23 @@ def remove_work_dir(output: str) -> None:
 
 
 def load_done(output: str, name: str) -> dict | None:
-    """The note of a shard finished by an earlier run, if the shard is really there."""
+    """The note of a shard finished by an earlier run, if the shard is really there, with
+    the size and sha256 the note recorded."""
     note = storage.join(output, WORK_DIR, name + ".json")
     shard = storage.join(output, name)
     if not (storage.exists(note) and storage.exists(shard)):
         return None
     info = json.loads(storage.read_bytes(note))
-    return info if storage.size(shard) == info["bytes"] else None
+    if storage.size(shard) != info["bytes"]:
+        return None
+    digest = hashlib.sha256()
+    with storage.open_file(shard, "rb") as handle:
+        while block := handle.read(8 << 20):
+            digest.update(block)
+    if digest.hexdigest() != info["sha256"]:
+        log.warning("%s differs from what was written (sha256): writing it again", name)
+        return None
+    return info
 
 
 def save_done(output: str, name: str, info: dict) -> None:
