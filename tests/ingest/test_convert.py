@@ -676,3 +676,21 @@ def test_a_local_conversion_never_imports_tensorflow(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "IMPORTED False False 0" in done.stdout
     assert chute.load_manifest(tmp_path / "out").num_examples("train") == 64
+
+
+def test_a_class_that_loses_its_training_images_while_decoding_is_kept_and_reported(tmp_path):
+    """Its file passes the header probe, then fails to decode: the shards stay and the
+    manifest warns (before: every shard was deleted and the run failed)."""
+    src = make_folder(tmp_path / "src", {"a": 6, "b": 6})
+    whole = (src / "a" / "000.png").read_bytes()
+    (src / "c").mkdir()
+    (src / "c" / "broken.png").write_bytes(whole[: len(whole) // 2])  # header fine, data cut
+    out = tmp_path / "out"
+    result = chute.convert(src, out, workers=1)
+    manifest = result.manifest
+    assert manifest.class_names == ["a", "b", "c"]
+    assert manifest.splits["train"]["class_counts"] == [6, 6, 0]
+    assert [r["key"] for r in manifest.rejects] == ["c/broken.png"]
+    assert len(manifest.warnings) == 1 and "['c']" in manifest.warnings[0]
+    assert chute.verify(out).ok
+    assert "warning:" in chute.inspect(out)

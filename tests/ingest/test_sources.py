@@ -738,3 +738,73 @@ def test_unknown_source_file_kind_is_an_error(tmp_path):
         sources.scan(str(path))
     assert received(path) in str(error.value)
     assert ".csv" in str(error.value)
+
+
+# -- odd trees and lists ------------------------------------------------------------------------
+
+
+def test_a_pre_split_tree_with_another_top_folder_is_refused_naming_it(tmp_path):
+    make_folder(tmp_path / "src" / "train", {"cat": 3, "dog": 3})
+    make_folder(tmp_path / "src" / "val", {"cat": 1, "dog": 1})
+    make_folder(tmp_path / "src" / "unlabeled", {"misc": 2})
+    with pytest.raises(ChuteError, match=r"looks pre-split.*'unlabeled'"):
+        sources.scan(str(tmp_path / "src"))
+
+
+def test_archivers_litter_is_skipped_at_every_level(tmp_path, caplog):
+    make_folder(tmp_path / "src" / "train", {"cat": 3, "dog": 3, "__MACOSX": 2})
+    make_folder(tmp_path / "src" / "val", {"cat": 1, "dog": 1})
+    make_folder(tmp_path / "src" / "__MACOSX", {"train": 2})
+    with caplog.at_level("WARNING"):
+        found = sources.scan(str(tmp_path / "src"))
+    assert found.presplit and found.class_names == ["cat", "dog"]
+    assert "__MACOSX" in caplog.text
+
+
+def test_a_file_listed_twice_is_kept_once_and_reported(tmp_path):
+    make_folder(tmp_path / "imgs", {"cat": 2, "dog": 2})
+    (tmp_path / "list.csv").write_text(
+        "path,label\nimgs/cat/000.png,cat\nimgs/dog/000.png,dog\nimgs/cat/000.png,bird\n"
+        "imgs/./cat/000.png,cat\n"
+    )
+    found = sources.scan(str(tmp_path / "list.csv"))
+    assert [item.key for item in found.items] == ["imgs/cat/000.png", "imgs/dog/000.png"]
+    assert found.class_names == ["cat", "dog"]  # "bird" came only with the repeated row
+    reasons = [r["reason"] for r in found.repeats]
+    assert len(reasons) == 2 and all("line 2 lists the same file" in r for r in reasons)
+    assert "with label 'bird', not 'cat'" in reasons[0]
+    result = chute.convert(tmp_path / "list.csv", tmp_path / "out", workers=1)
+    assert sum(result.num_written.values()) == 2
+    assert {r["key"] for r in result.manifest.rejects} == {
+        "imgs/cat/000.png (line 4)",
+        "imgs/./cat/000.png (line 5)",
+    }
+
+
+def test_a_symlink_inside_the_list_folder_leading_out_is_outside(tmp_path):
+    make_folder(tmp_path / "elsewhere", {"cat": 1})
+    (tmp_path / "listed").mkdir()
+    (tmp_path / "listed" / "link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "listed" / "list.csv").write_text("link/cat/000.png,cat\n")
+    with pytest.raises(ChuteError, match="inside the list's folder"):
+        sources.scan(str(tmp_path / "listed" / "list.csv"))
+    found = sources.scan(str(tmp_path / "listed" / "list.csv"), allow_outside=True)
+    assert len(found.items) == 1
+
+
+def test_a_list_on_a_tf_filesystem_resolves_its_paths(tmp_path):
+    import tensorflow as tf
+
+    root = f"ram://lists-{tmp_path.name}"
+    make_folder(tmp_path / "imgs", {"cat": 3, "dog": 3})
+    for path in sorted((tmp_path / "imgs").rglob("*.png")):
+        target = f"{root}/data/{path.relative_to(tmp_path).as_posix()}"
+        tf.io.gfile.makedirs(target.rsplit("/", 1)[0])
+        tf.io.gfile.copy(str(path), target, overwrite=True)
+    rows = "".join(f"imgs/{c}/{i:03d}.png,{c}\n" for c in ("cat", "dog") for i in range(3))
+    with tf.io.gfile.GFile(f"{root}/data/list.csv", "w") as handle:
+        handle.write(rows)
+    found = sources.scan(f"{root}/data/list.csv")
+    assert found.items[0].path == f"{root}/data/imgs/cat/000.png"
+    result = chute.convert(f"{root}/data/list.csv", tmp_path / "out", workers=1)
+    assert result.num_written == {"train": 6} and not result.manifest.rejects

@@ -45,6 +45,7 @@ class Manifest:
     source: dict[str, Any]  # location, kind, fingerprint, num_items
     rejects: list[dict[str, str]] = dataclasses.field(default_factory=list)
     duplicates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
     created_by: str = ""
     location: str = dataclasses.field(default="", compare=False)
 

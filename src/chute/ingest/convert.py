@@ -220,7 +220,8 @@ def _plan(
     if plan_lib.needs_headers(options):
         probes = _probe(found, everything, options, pool, progress)
     spec = plan_lib.image_spec(options, probes)
-    rejects = [
+    rejects = list(found.repeats)  # rows listing a file again
+    rejects += [
         {"key": found.items[i].key, "reason": p.reject}
         for i, p in enumerate(probes or [])
         if p.reject
@@ -393,12 +394,14 @@ def _finish(
         for name, count in zip(found.class_names, splits["train"]["class_counts"], strict=True)
         if count == 0
     ]
-    if empty:
-        resume.remove_outputs(output)
-        raise ChuteError(
-            f"{len(empty)} class(es) lost every training image to unreadable files: "
-            f"{empty[:10]}. The rejects were: {rejects[:10]}"
+    warnings = []
+    if empty:  # kept and reported: the shards are good, the class is not learnable
+        warnings.append(
+            f"{len(empty)} class(es) lost every training image to files rejected while "
+            f"decoding: {empty[:10]} (see rejects.csv); a model trained on this split "
+            "never sees them"
         )
+        log.warning(warnings[-1])
     rejects = sorted(rejects, key=lambda r: r["key"])
     manifest = manifest_lib.Manifest(
         class_names=found.class_names,
@@ -413,6 +416,7 @@ def _finish(
         },
         rejects=rejects,
         duplicates=duplicates,
+        warnings=warnings,
         created_by=f"chute {__version__}",
         location=output,
     )

@@ -91,16 +91,15 @@ def scan_list(path: str, *, allow_outside: bool) -> Source:
         if not storage.is_local(path)
         else os.path.dirname(os.path.abspath(storage.local_path(path)))
     )
-    labels = [label for _, _, label, _ in rows]
-    if any(not label for label in labels):
+    if any(not label for _, _, label, _ in rows):
         number = next(n for n, _, label, _ in rows if not label)
         raise ChuteError(f"{path}, line {number}: the label is empty")
-    class_names = _class_names(labels)
+    rows, repeats = _first_of_each_file(path, base, rows, allow_outside)
+    class_names = _class_names([label for *_, label, _, _ in rows])
     label_of = {name: i for i, name in enumerate(class_names)}
-    presplit = any(split for *_, split in rows)
+    presplit = any(split for *_, split, _ in rows)
     items = []
-    for number, rel, label, split in rows:
-        resolved = _resolve_listed(path, base, rel, number, allow_outside)
+    for number, rel, label, split, resolved in rows:
         split_name = None
         if presplit:
             split_name = SPLIT_ALIASES.get((split or "").lower())
@@ -112,7 +111,28 @@ def scan_list(path: str, *, allow_outside: bool) -> Source:
         items.append(Item(rel, label_of[label], split_name, resolved))
     items.sort(key=lambda item: (item.split or "", item.key))
     kind = "jsonl" if path.lower().endswith(".jsonl") else "csv"
-    return Source(kind, path, class_names, items, presplit=presplit)
+    return Source(kind, path, class_names, items, presplit=presplit, repeats=repeats)
+
+
+def _first_of_each_file(
+    path: str, base: str, rows: list[tuple], allow_outside: bool
+) -> tuple[list[tuple], list[dict]]:
+    """The rows with their resolved paths, each file once (its first row), and a
+    reject for every row that lists a file again."""
+    kept, first_line, repeats = [], {}, []
+    for number, rel, label, split in rows:
+        resolved = _resolve_listed(path, base, rel, number, allow_outside)
+        if resolved in first_line:
+            line, first_label = first_line[resolved]
+            note = "" if label == first_label else f" with label {label!r}, not {first_label!r}"
+            repeats.append(
+                {"key": f"{rel} (line {number})",
+                 "reason": f"listed again{note}: line {line} lists the same file"}
+            )  # fmt: skip
+            continue
+        first_line[resolved] = (number, label)
+        kept.append((number, rel, label, split, resolved))
+    return kept, repeats
 
 
 def _resolve_listed(list_path: str, base: str, rel: str, line: int, allow_outside: bool) -> str:
@@ -121,10 +141,16 @@ def _resolve_listed(list_path: str, base: str, rel: str, line: int, allow_outsid
     if storage.is_local(base):
         absolute = os.path.isabs(rel)
         resolved = os.path.normpath(os.path.join(base, rel))
-        inside = resolved == base or resolved.startswith(base.rstrip(os.sep) + os.sep)
+        # symlinks resolved on both sides: a link inside the folder may lead out of it
+        real, real_base = os.path.realpath(resolved), os.path.realpath(base)
+        inside = real == real_base or real.startswith(real_base.rstrip(os.sep) + os.sep)
     else:
         absolute = rel.startswith("/") or "://" in rel
-        resolved = rel if "://" in rel else posixpath.normpath(posixpath.join(base, rel))
+        if "://" in rel:
+            resolved = rel
+        else:  # normpath would fold the scheme's "//": keep it apart
+            scheme, rest = base.split("://", 1)
+            resolved = f"{scheme}://" + posixpath.normpath(posixpath.join(rest, rel))
         inside = resolved.startswith(base.rstrip("/") + "/")
     if (absolute or not inside) and not allow_outside:
         raise ChuteError(

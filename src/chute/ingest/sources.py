@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 SPLITS = ("train", "val", "test")
 SPLIT_ALIASES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
+LITTER = frozenset({"__MACOSX"})  # folders archivers leave behind: never data
 
 
 class Item(NamedTuple):
@@ -58,6 +59,7 @@ class Source:
     items: list[Item]
     presplit: bool = False
     arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    repeats: list[dict] = dataclasses.field(default_factory=list)  # rows naming a file again
 
     def payload(self, item: Item) -> str | np.ndarray:
         """What a worker needs to read the item: a path, or its pixel array."""
@@ -167,19 +169,35 @@ def image_files(top: str, outer: frozenset[str] = frozenset()) -> list[str]:
 
 
 def _subfolders(path: str) -> list[str]:
+    """Sub-folders of ``path``, sorted: not hidden, not archivers' litter (``__MACOSX``)."""
     if storage.is_local(path):
-        path = storage.local_path(path)
-        return sorted(e.name for e in os.scandir(path) if not e.name.startswith(".") and e.is_dir())
-    return [
-        name
-        for name in storage.listdir(path)
-        if not name.startswith(".") and storage.isdir(storage.join(path, name))
-    ]
+        local = storage.local_path(path)
+        names = sorted(
+            e.name for e in os.scandir(local) if not e.name.startswith(".") and e.is_dir()
+        )
+    else:
+        names = [
+            name
+            for name in storage.listdir(path)
+            if not name.startswith(".") and storage.isdir(storage.join(path, name))
+        ]
+    for name in LITTER.intersection(names):
+        log.warning("skipping %s in %s: archivers' litter, not a class", name, path)
+    return [name for name in names if name not in LITTER]
 
 
 def _scan_folder(root: str) -> Source:
     top = _subfolders(root)
     split_dirs = {name: SPLIT_ALIASES.get(name.lower()) for name in top}
+    named = [name for name, split in split_dirs.items() if split]
+    others = [name for name, split in split_dirs.items() if not split]
+    if "train" in split_dirs.values() and len(named) >= 2 and others:
+        # train/ and val/ (or test/) beside other folders: not class folders named "train"
+        raise ChuteError(
+            f"`source` looks pre-split ({', '.join(sorted(named))}) but also holds "
+            f"{', '.join(repr(o) for o in sorted(others))}, which is not a split. Received: "
+            f"source={root!r}; move it out of the source, or its classes into the splits"
+        )
     presplit = (
         len(top) >= 2
         and all(split_dirs.values())

@@ -62,6 +62,7 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
         lines.append(f"smallest classes in train: {show(order[:5])}")
         lines.append(f"largest classes in train:  {show(order[-5:][::-1])}")
     lines.append("")
+    lines += [f"warning: {text}" for text in manifest.warnings]
     lines.append(f"rejected inputs: {len(manifest.rejects)}")
     for reject in manifest.rejects[:max_rejects]:
         lines.append(f"  {reject['key']}: {reject['reason']}")
