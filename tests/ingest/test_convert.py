@@ -562,7 +562,7 @@ def test_missing_source_raises_before_anything_is_written(tmp_path):
     [{}, {"image_size": 12, "color_mode": "grayscale", "encoding": "raw"}],
     ids=["auto", "all-options-given"],  # the second probes no headers: rejects come late
 )
-def test_class_whose_images_are_all_unreadable_is_a_clear_error(tmp_path, damage, options):
+def test_class_whose_images_are_all_unreadable_is_an_error_or_a_warning(tmp_path, damage, options):
     src = make_folder(tmp_path / "src", {"fine": 4, "zzbroken": 2})
     for i, path in enumerate(sorted((src / "zzbroken").iterdir())):
         data = path.read_bytes()
@@ -573,11 +573,22 @@ def test_class_whose_images_are_all_unreadable_is_a_clear_error(tmp_path, damage
         }[damage]
         path.write_bytes(bad)
     out = tmp_path / "out"
-    with pytest.raises(ChuteError, match="zzbroken"):
-        chute.convert(src, out, workers=1, **options)
-    assert not (out / "manifest.json").exists()
-    leftovers = list(out.rglob("*")) if out.exists() else []
-    assert leftovers == []
+    if not options and damage != "truncated":  # known from the headers: before any work
+        with pytest.raises(ChuteError, match="zzbroken"):
+            chute.convert(src, out, workers=1, **options)
+        assert not (out / "manifest.json").exists()
+        leftovers = list(out.rglob("*")) if out.exists() else []
+        assert leftovers == []
+        return
+    # known only when decoding, after the split: the shards stay, the manifest warns
+    result = chute.convert(src, out, workers=1, **options)
+    assert len(result.manifest.warnings) == 1 and "zzbroken" in result.manifest.warnings[0]
+    assert sorted(r["key"] for r in result.manifest.rejects) == [
+        "zzbroken/000.png",
+        "zzbroken/001.png",
+    ]
+    assert result.manifest.splits["train"]["class_counts"] == [4, 0]
+    assert chute.verify(out).ok
 
 
 def test_unreadable_files_in_a_class_that_has_good_ones_are_rejected_and_listed(tmp_path):
