@@ -8,6 +8,7 @@ pixels (for JPEG: by the nearest source image, which is unambiguous).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import uuid
 from pathlib import Path
@@ -950,3 +951,78 @@ def test_ram_filesystem(data):
     assert _multiset(_examples(ds)) == _multiset(_expected(data.src, out, "train"))
     train = chute.load(out, batch_size=BATCH, seed=1)
     assert len(train) == 18 // BATCH == sum(1 for _ in train)
+
+
+def test_the_block_shuffle_is_capped_by_bytes_like_the_window(data):
+    """Cached 224x224x3 blocks are ~38 MB each: the block shuffle holds a window's
+    worth (<= 128 MB), not shuffle_buffer // 256 of them (32 blocks, ~1.2 GB)."""
+    from chute.read import plan as plan_lib
+    from chute.read.augment import AugmentSpec
+
+    manifest = chute.load_manifest(data.out())
+    large = dataclasses.replace(manifest.image, height=224, width=224)
+    big = dataclasses.replace(manifest, image=large)
+    read = plan_lib.make_plan(
+        big, "train", batch_size=BATCH, training=True, image_size=None, dtype="uint8",
+        label_mode="int", cache="memory", seed=1, shuffle_buffer=8192, pad_final_batch=False,
+        repeat=False, skip_corrupt=False, input_context=None, augment=AugmentSpec(),
+    )  # fmt: skip
+    block_bytes = plan_lib.BLOCK * 224 * 224 * 3
+    assert read.shuffled_blocks * block_bytes <= plan_lib.WINDOW_BYTES
+    small = plan_lib.make_plan(
+        manifest, "train", batch_size=BATCH, training=True, image_size=None, dtype="uint8",
+        label_mode="int", cache="memory", seed=1, shuffle_buffer=8192, pad_final_batch=False,
+        repeat=False, skip_corrupt=False, input_context=None, augment=AugmentSpec(),
+    )  # fmt: skip
+    assert small.shuffled_blocks == 8192 // plan_lib.BLOCK  # small images: as before
+
+
+@pytest.mark.parametrize("encoding", ["raw", "png"])
+def test_corrupt_count_is_per_epoch(fresh, encoding):
+    out = fresh(encoding)
+    shards = chute.load_manifest(out).shard_paths("train")
+    _damage(shards[0], "flip")
+    ds = chute.load(out, batch_size=BATCH, training=False, skip_corrupt=True, cache=None)
+    counts = []
+    for _ in range(3):
+        yielded = _count_examples(ds)
+        counts.append(ds.corrupt_count())
+        assert yielded + counts[-1] == 24
+    assert counts[0] > 0 and counts == [counts[0]] * 3  # not 1x, 2x, 3x
+
+
+def test_every_input_pipeline_yields_as_many_batches(tmp_path_factory):
+    """16 shards over 3 input pipelines: 6, 5 and 5 shards of unequal sizes. Training: the
+    smallest share's steps everywhere. Evaluation with padding: the largest's, the others
+    adding batches of weight 0. (A multi-host loop hangs when one host runs out first.)"""
+    import tensorflow as tf
+
+    root = tmp_path_factory.mktemp("shares")
+    src = make_folder(root / "src", {"a": 30, "b": 27, "c": 20})
+    out = root / "out"
+    chute.convert(src, out, min_shards=16, workers=1)
+    manifest = chute.load_manifest(out)
+    from chute.read.plan import pipeline_sizes
+
+    sizes = pipeline_sizes(manifest, "train", 3)
+    assert len(set(sizes)) > 1  # the shares differ, or the test proves nothing
+
+    def context(index):
+        return tf.distribute.InputContext(
+            num_input_pipelines=3, input_pipeline_id=index, num_replicas_in_sync=3
+        )
+
+    train = [chute.load(out, batch_size=4, input_context=context(i), seed=1) for i in range(3)]
+    steps = min(size // 4 for size in sizes)
+    assert [len(ds) for ds in train] == [steps] * 3
+    assert [sum(1 for _ in ds) for ds in train] == [steps] * 3
+    evaluation = [
+        chute.load(out, batch_size=4, training=False, pad_final_batch=True,
+                   input_context=context(i))
+        for i in range(3)
+    ]  # fmt: skip
+    most = max(-(-size // 4) for size in sizes)
+    assert [len(ds) for ds in evaluation] == [most] * 3
+    for ds, size in zip(evaluation, sizes, strict=True):
+        weights = np.concatenate([w.numpy() for _, _, w in ds])
+        assert len(weights) == most * 4 and weights.sum() == size  # every example once

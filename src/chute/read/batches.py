@@ -154,13 +154,16 @@ def finished_in_window(plan: ReadPlan, augmenter) -> bool:
     return plan.training and not augmenter and plan.dtype == "uint8"
 
 
-def padded(batches, batch_size: int):
-    """The last batch padded to ``batch_size``, with weights 1 (real) and 0 (padding)."""
+def padded(batches, batch_size: int, extra: int = 0):
+    """The last batch padded to ``batch_size``, with weights 1 (real) and 0 (padding),
+    then ``extra`` batches of padding alone (all weights 0)."""
 
     def pad(*batch):
         real = tf.shape(batch[0])[0]
         missing = batch_size - real
-        weights = tf.concat([tf.ones([real]), tf.zeros([missing])], 0)
+        weights = tf.ensure_shape(
+            tf.concat([tf.ones([real]), tf.zeros([missing])], 0), [batch_size]
+        )
 
         def pad_one(t):
             paddings = [[0, missing]] + [[0, 0]] * (len(t.shape) - 1)
@@ -168,4 +171,10 @@ def padded(batches, batch_size: int):
 
         return (*(pad_one(t) for t in batch), weights)
 
-    return batches.map(pad)
+    out = batches.map(pad)
+    if extra > 0:
+        empty = tf.nest.map_structure(
+            lambda spec: tf.zeros(spec.shape, spec.dtype), out.element_spec
+        )
+        out = out.concatenate(tf.data.Dataset.from_tensors(empty).repeat(extra))
+    return out

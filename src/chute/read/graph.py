@@ -74,15 +74,20 @@ def build(plan: ReadPlan, *, counters: dict, augmentation, host=None):
         ds = tf.data.Dataset.zip(ds, keys).map(
             finisher(plan, augmentation, host), **({} if in_order else parallel)
         )
+    # Every input pipeline yields the same number of batches: in training the smallest
+    # share's (a multi-host loop would wait forever for a host that ran out).
+    if plan.training and plan.steps < plan.own_steps:
+        ds = ds.take(plan.steps)
+    # Evaluation with a padded last batch and per-example weights (0 on the padding), and
+    # batches of padding alone where another input pipeline has more batches.
+    if plan.pad_final_batch:
+        ds = batches.padded(ds, plan.batch_size, extra=plan.steps - plan.own_steps)
     # The manifest knows the size, so Keras shows real step counts (skipping makes it unknown).
     if not plan.skip_corrupt:
         ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps))
     if plan.repeat:
         ds = ds.repeat()
-    # Evaluation with a padded last batch and per-example weights (0 on the padding).
-    if plan.pad_final_batch:
-        ds = batches.padded(ds, plan.batch_size)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options())
 
 
 def _decoded_blocks(plan: ReadPlan, ds, counters: dict, parallel: dict, finished: bool):
@@ -122,11 +127,12 @@ def _reshuffled_blocks(plan: ReadPlan, ds):
     windows every epoch: in training they are shuffled (about a window's worth). The
     prefetch asks for the first block when the iterator starts, so reading begins at once."""
     if plan.training and (plan.cache is not None or not plan.reshuffle_each_epoch):
-        return ds.shuffle(max(2, plan.shuffle_buffer // BLOCK), seed=plan.seed).prefetch(1)
+        return ds.shuffle(plan.shuffled_blocks, seed=plan.seed).prefetch(1)
     return ds
 
 
-def _options():
+def options():
+    """The tf.data options of chute.load's pipelines."""
     options = tf.data.Options()
     options.experimental_optimization.parallel_batch = True  # batches copied in parallel
     # Start reading when the iterator is made, not at the first next(): the rest of

@@ -28,7 +28,7 @@ from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.lazy import tf
 from chute.read.augment import PLACES, DeviceAugmentation, parse_augment
-from chute.read.graph import build
+from chute.read.graph import build, options
 from chute.read.host_augment import NAMES as HOST
 from chute.read.host_augment import HostAugmentation
 from chute.read.plan import DEFAULT_CROP_RATIO, DEFAULT_CROP_SCALE, ReadPlan, make_plan
@@ -107,7 +107,8 @@ def load(
             yield ``(images, labels, weights)`` with weight 0 on the padding.
         repeat: repeat forever (training); ``len()`` is then infinite.
         skip_corrupt: instead of raising, skip what is damaged and count it in
-            ``ds.corrupt_count()`` (exact after a full pass): a missing shard,
+            ``ds.corrupt_count()`` (what the latest epoch skipped, exact once it
+            is over: it starts again at each new iterator): a missing shard,
             the rest of a shard after a record that fails its CRC or is
             truncated, images of the wrong length or that do not decode. A
             record with a valid CRC that is not a ``tf.train.Example`` still
@@ -181,6 +182,8 @@ def load(
         augmentation=keras_on_host or None,
         host=host if augment_on == "host" and host else None,
     )
+    if counters:
+        dataset = _counted_per_epoch(dataset, counters, lost)
     dataset.class_names = list(manifest.class_names)
     dataset.num_examples = plan.num_examples
     dataset.per_replica_batch_size = plan.batch_size
@@ -213,6 +216,19 @@ def _without_unreadable(plan: ReadPlan) -> tuple[ReadPlan, int]:
     log.warning("skipping %d unreadable shard(s) (%d records): %s", len(bad), lost, sorted(bad))
     files, counts = (tuple(p for p, _ in kept), tuple(n for _, n in kept))
     return dataclasses.replace(plan, files=files, counts=counts), lost
+
+
+def _counted_per_epoch(dataset, counters: dict, lost: int):
+    """``dataset`` whose counters start again at each epoch (each new iterator): after a
+    full pass, ``corrupt_count()`` is what that pass skipped (shards that cannot be
+    read count in every pass)."""
+
+    def restart(_):
+        for name, counter in counters.items():
+            counter.assign(lost if name == "corrupt" else 0)
+        return dataset
+
+    return tf.data.Dataset.range(1).flat_map(restart).with_options(options())
 
 
 def _counters(lost: int) -> dict:

@@ -57,7 +57,10 @@ class ReadPlan:
             crop, or None.
         flip: flip left-right per image while decoding (with ``per_image``).
         crop_fraction: evaluation's centre crop (with ``per_image``).
-        steps: batches in an epoch.
+        steps: batches in an epoch, the same for every input pipeline: in
+            training the smallest pipeline's (the others stop there), in
+            evaluation with ``pad_final_batch`` the largest's (the others add
+            batches of padding, weight 0); in plain evaluation its own.
     """
 
     files: tuple[str, ...]
@@ -86,10 +89,19 @@ class ReadPlan:
     repeat: bool
     pad_final_batch: bool
     skip_corrupt: bool
+    steps: int
 
     @property
-    def steps(self) -> int:
-        """Batches in an epoch: full ones in training, every example in evaluation."""
+    def shuffled_blocks(self) -> int:
+        """Blocks the block shuffle holds: about a window's worth, so that it too
+        holds at most ``WINDOW_BYTES`` (the window is capped by bytes, and whole
+        blocks of ``BLOCK`` records are shuffled), two at the least."""
+        return max(2, (self.window or self.shuffle_buffer) // BLOCK)
+
+    @property
+    def own_steps(self) -> int:
+        """Batches this pipeline's examples make: full ones in training, every example
+        in evaluation (see ``steps`` for what it yields)."""
         if self.training:
             return self.num_examples // self.batch_size
         return -(-self.num_examples // self.batch_size)
@@ -174,7 +186,14 @@ def make_plan(
     by_file = pipelines > 1 and len(files) >= pipelines
     if by_file:  # enough shards: each input pipeline reads its own files
         files, counts = files[index::pipelines], counts[index::pipelines]
-    num_examples = pipeline_sizes(manifest, split, pipelines)[index]
+    sizes = pipeline_sizes(manifest, split, pipelines)
+    num_examples = sizes[index]
+    if training:  # every pipeline runs the smallest's steps: no host waits for another
+        steps = min(size // batch_size for size in sizes)
+    elif pad_final_batch:  # every pipeline runs the largest's, padding what it lacks
+        steps = max(-(-size // batch_size) for size in sizes)
+    else:
+        steps = -(-num_examples // batch_size)
     if num_examples == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
     every_nth = (pipelines, index) if pipelines > 1 and not by_file else None
@@ -208,6 +227,7 @@ def make_plan(
         repeat=repeat and training,
         pad_final_batch=pad_final_batch,
         skip_corrupt=skip_corrupt,
+        steps=steps,
     )
 
 
