@@ -261,6 +261,17 @@ def test_one_image_per_group_gives_the_same_batches(mixed, monkeypatch):
     _assert_same(ours, theirs)
 
 
+def test_shuffle_with_seed_gives_kerass_order(mixed):
+    for seed in (3, 4):
+        ours, theirs = _both(mixed, image_size=SMALL, batch_size=4, shuffle=True, seed=seed)
+        assert ours.file_paths == theirs.file_paths
+        _assert_same(ours, theirs)  # batches equal, in the same order
+    # epoch after epoch: shuffled anew, as Keras's is, and the same way
+    ours_epochs = [_ordered(ours) for _ in range(2)]
+    theirs_epochs = [_ordered(theirs) for _ in range(2)]
+    assert ours_epochs == theirs_epochs and ours_epochs[0] != ours_epochs[1]
+
+
 def test_shuffle_with_seed_gives_the_same_files_and_contents(mixed):
     ours, theirs = _both(mixed, image_size=SMALL, batch_size=4, shuffle=True, seed=3)
     assert ours.file_paths == theirs.file_paths

@@ -4,10 +4,11 @@ Same arguments, defaults, results and errors as
 ``keras.utils.image_dataset_from_directory``: Keras's own public function
 checks the arguments, lists, shuffles and splits the files (and prints what it
 found), so ``class_names``, ``file_paths``, order and errors match; images are
-decoded and resized with the same TensorFlow ops, so the pixels match. The
-pipeline differs where it does not change the results: images are decoded up
-to 32 per tf.data call (one per call with ``skip_corrupt``), out of order when
-the data are shuffled anyway, and tf.data's autotuning model is off. Three
+decoded and resized with the same TensorFlow ops, so the pixels match, and the
+paths are shuffled with Keras's buffer size and seed, so with ``shuffle=True``
+and a seed the batches come in Keras's order. The pipeline differs where it
+does not change the results: images are decoded up to 32 per tf.data call (one
+per call with ``skip_corrupt``) and tf.data's autotuning model is off. Three
 extras are off by default: ``skip_corrupt`` (skip files that fail to decode
 instead of stopping), ``drop_remainder`` (static batch shapes for TPU/XLA) and
 ``cache`` (``"memory"`` or a file path, as ``tf.data.Dataset.cache``).
@@ -73,7 +74,9 @@ def image_dataset_from_directory(
             static shape (TPU/XLA).
         cache: ``"memory"`` or a file path: keep decoded images after the
             first epoch (``tf.data.Dataset.cache``); shuffled data are then
-            shuffled again each epoch with Keras's buffer size.
+            shuffled after the cache, each epoch, with Keras's buffer size (the
+            order is then not Keras's, and memory holds that buffer, not the
+            dataset).
 
     Returns:
         A dataset with ``class_names`` and ``file_paths``, or a
@@ -251,10 +254,10 @@ class _Builder:
         # images are shuffled anew each epoch after it.
         if shuffle and self.cache is None:
             ds = ds.shuffle(buffer, seed=self.seed)
-        # A call per core; shuffled data have no order to keep, so finished images
-        # may overtake slow ones.
+        # A call per core, in order: with Keras's shuffle and seed before it, the
+        # order is Keras's own.
         cores = available_cores()
-        parallel = {"num_parallel_calls": cores, "deterministic": not shuffle}
+        parallel = {"num_parallel_calls": cores, "deterministic": True}
         if self.skip_corrupt:  # one image per call, so a bad file costs only itself
             load = self.load_image
             fn = (lambda path, label: (load(path), label)) if labels is not None else load
