@@ -17,6 +17,27 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+CGROUP_LIMITS = (
+    "/sys/fs/cgroup/memory.max",  # cgroup v2
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",  # cgroup v1
+)
+
+
+def memory_limit(cgroup_files: tuple[str, ...] = CGROUP_LIMITS) -> int | None:
+    """Bytes of memory this process may use: physical memory, or less where the
+    container's cgroup limit says so; None where neither is known."""
+    limits = [physical] if (physical := physical_memory()) else []
+    for path in cgroup_files:
+        try:
+            with open(path) as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # "max", or v1's "no limit" value
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
 def physical_memory() -> int | None:
     """Bytes of physical memory, or None where the OS does not say."""
     try:

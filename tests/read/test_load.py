@@ -1026,3 +1026,52 @@ def test_every_input_pipeline_yields_as_many_batches(tmp_path_factory):
     for ds, size in zip(evaluation, sizes, strict=True):
         weights = np.concatenate([w.numpy() for _, _, w in ds])
         assert len(weights) == most * 4 and weights.sum() == size  # every example once
+
+
+def test_the_memory_limit_is_the_containers_when_lower(tmp_path):
+    from chute.machine import memory_limit, physical_memory
+
+    v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
+    v2.write_text("max\n")
+    v1.write_text(f"{1 << 30}\n")
+    assert memory_limit((str(v2), str(v1))) == min(1 << 30, physical_memory())
+    v2.write_text(f"{512 << 20}\n")
+    assert memory_limit((str(v2),)) == 512 << 20
+    assert memory_limit((str(tmp_path / "absent"),)) == physical_memory()
+
+
+def test_cache_auto_shares_one_budget_in_the_process(data, monkeypatch, caplog):
+    import gc
+
+    from chute.read import plan as plan_lib
+
+    out = data.out()
+    size = 18 * HEIGHT * WIDTH * 3  # the train split, decoded
+    monkeypatch.setattr(plan_lib, "CACHE_BUDGET", plan_lib.CacheBudget(size + size // 2))
+    with caplog.at_level("INFO", logger="chute.read.plan"):
+        first = chute.load(out, batch_size=BATCH)
+        second = chute.load(out, batch_size=BATCH)
+    assert first.cached_in == "memory" and second.cached_in is None
+    assert "kept in memory" in caplog.text and "read from the shards each epoch" in caplog.text
+    del first
+    gc.collect()
+    third = chute.load(out, batch_size=BATCH)  # the first one's share came back
+    assert third.cached_in == "memory"
+    assert _multiset(_examples(third)) and plan_lib.CACHE_BUDGET.used == size
+
+
+def test_disk_caches_of_splits_and_versions_never_mix(data, tmp_path):
+    folder = tmp_path / "cache"
+    out = data.out()
+    spec = f"disk:{folder}"
+    train = chute.load(out, "train", batch_size=BATCH, training=False, cache=spec)
+    val = chute.load(out, "val", batch_size=BATCH, training=False, cache=spec)
+    for _ in range(2):  # the second epoch reads the cache files
+        assert _multiset(_examples(train)) == _multiset(_expected(data.src, out, "train"))
+        assert _multiset(_examples(val)) == _multiset(_expected(data.src, out, "val"))
+    names = {p.name.split(".")[0] for p in folder.iterdir()}
+    assert len(names) == 2 and {n.split("-")[0] for n in names} == {"train", "val"}
+    other = data.out(min_shards=1)  # another conversion of the same images: other shards
+    again = chute.load(other, "train", batch_size=BATCH, training=False, cache=spec)
+    assert _multiset(_examples(again)) == _multiset(_expected(data.src, other, "train"))
+    assert len({p.name.split(".")[0] for p in folder.iterdir()}) == 3

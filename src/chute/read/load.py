@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import weakref
 from typing import Any
 
 from chute import checks
@@ -31,7 +32,13 @@ from chute.read.augment import PLACES, DeviceAugmentation, parse_augment
 from chute.read.graph import build, options
 from chute.read.host_augment import NAMES as HOST
 from chute.read.host_augment import HostAugmentation
-from chute.read.plan import DEFAULT_CROP_RATIO, DEFAULT_CROP_SCALE, ReadPlan, make_plan
+from chute.read.plan import (
+    DEFAULT_CROP_RATIO,
+    DEFAULT_CROP_SCALE,
+    ReadPlan,
+    make_plan,
+    release_cache,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +102,11 @@ def load(
             images stored at their aspect ratio (``convert --shorter-side`` or
             ``--keep-size``), 1 (the whole image) for a fixed stored size.
         cache: ``"auto"`` (keep decoded images, or for cropped images their
-            records, in RAM when the split fits a quarter of physical memory),
-            ``"memory"``, ``"disk:PATH"`` or ``None``.
+            records, in RAM when the split fits what is left of the process's
+            cache budget: a quarter of the memory it may use, the container's
+            limit if lower, shared by every dataset alive), ``"memory"``,
+            ``"disk:FOLDER"`` (files named by split, dataset version and input
+            pipeline, so they never mix) or ``None``.
         seed: makes shuffling, interleave order and augmentation reproducible
             for any number of cores (crops and flips are keyed per image; with a
             seed, heavy augmentation on the host runs one batch at a time).
@@ -121,7 +131,8 @@ def load(
 
     Returns:
         A ``tf.data.Dataset`` with ``class_names``, ``num_examples``,
-        ``per_replica_batch_size``, ``global_batch_size``, ``corrupt_count()`` and
+        ``per_replica_batch_size``, ``global_batch_size``, ``corrupt_count()``,
+        ``cached_in`` (``"memory"``, the cache files' name, or None) and
         ``device_augmentation`` (None unless ``augment_on="device"``);
         ``len(ds)`` is the exact number of batches of an epoch (unless
         ``skip_corrupt`` or ``repeat``).
@@ -167,32 +178,45 @@ def load(
         crop_ratio=crop_ratio,
         crop_fraction=crop_fraction,
     )
-    # a flip not fused with per-image decoding is one of the heavy ones
-    heavy = spec.heavy if plan.per_image or not spec.flip else ("flip", *spec.heavy)
-    heavy = heavy if plan.training else ()
-    device = DeviceAugmentation(heavy, plan.seed) if augment_on == "device" and heavy else None
-    host = HostAugmentation([h for h in heavy if isinstance(h, str) and h in HOST])
-    layers = [h for h in heavy if not (isinstance(h, str) and h in HOST)]
-    keras_on_host = DeviceAugmentation(layers, plan.seed) if augment_on == "host" else None
-    plan, lost = _without_unreadable(plan)
-    counters = _counters(lost) if plan.skip_corrupt else {}
-    dataset = build(
-        plan,
-        counters=counters,
-        augmentation=keras_on_host or None,
-        host=host if augment_on == "host" and host else None,
-    )
-    if counters:
-        dataset = _counted_per_epoch(dataset, counters, lost)
+    try:
+        device, keras_on_host, host = _augmentations(spec, plan, augment_on)
+        plan, lost = _without_unreadable(plan)
+        counters = _counters(lost) if plan.skip_corrupt else {}
+        dataset = build(plan, counters=counters, augmentation=keras_on_host, host=host)
+        if counters:
+            dataset = _counted_per_epoch(dataset, counters, lost)
+    except BaseException:
+        release_cache(plan.cache_bytes)
+        raise
+    if plan.cache_bytes:  # the budget it took comes back with the dataset
+        weakref.finalize(dataset, release_cache, plan.cache_bytes)
     dataset.class_names = list(manifest.class_names)
     dataset.num_examples = plan.num_examples
     dataset.per_replica_batch_size = plan.batch_size
     dataset.global_batch_size = plan.batch_size * plan.replicas
     dataset.device_augmentation = device
+    dataset.cached_in = "memory" if plan.cache == "" else plan.cache
     dataset.corrupt_count = lambda: int(
         sum(counters[name].numpy() * sign for name, sign in _COUNTED.items() if name in counters)
     )
     return dataset
+
+
+def _augmentations(spec, plan: ReadPlan, augment_on: str):
+    """``(for the device, Keras layers on the host, OpenCV on the host)``, each or None.
+
+    Crops and flips fused with decoding are in ``plan``; a flip that is not (images
+    read in blocks) is one of the heavy ones.
+    """
+    heavy = spec.heavy if plan.per_image or not spec.flip else ("flip", *spec.heavy)
+    heavy = heavy if plan.training else ()
+    if not heavy:
+        return None, None, None
+    if augment_on == "device":
+        return DeviceAugmentation(heavy, plan.seed), None, None
+    host = HostAugmentation([h for h in heavy if isinstance(h, str) and h in HOST])
+    layers = [h for h in heavy if not (isinstance(h, str) and h in HOST)]
+    return None, DeviceAugmentation(layers, plan.seed) or None, host or None
 
 
 def _without_unreadable(plan: ReadPlan) -> tuple[ReadPlan, int]:

@@ -10,15 +10,19 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
+import threading
 from typing import Any
 
 from chute import checks
 from chute.errors import ChuteError
+from chute.format import storage
 from chute.format.manifest import Manifest
 from chute.format.spec import ImageSpec
 from chute.ingest.options import parse_image_size
-from chute.machine import available_cores, physical_memory
+from chute.machine import available_cores, memory_limit
 from chute.read.augment import AugmentSpec
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,7 @@ class ReadPlan:
     every_nth: tuple[int, int] | None
     cores: int
     cache: str | None
+    cache_bytes: int  # reserved from the process's cache budget (cache="auto")
     batch_size: int
     replicas: int
     seed: int | None
@@ -168,20 +173,19 @@ def make_plan(
             _range("crop_scale", crop_scale, 0.0, 1.0),
             _range("crop_ratio", crop_ratio, 0.0, 100.0),
         )
-    cache = _cache_target(cache, manifest, split, encoded=not stored.fixed_size)
-    per_image = (
-        random_crop is not None
-        or stored.size != size
-        or crop_fraction < 1
-        # PNG/JPEG not kept decoded: decoded one by one after the shuffle, streaming
-        or (stored.encoding != "raw" and cache is None)
-    )
-
     pipelines, index, replicas = 1, 0, 1
     if input_context is not None:
         pipelines = input_context.num_input_pipelines
         index = input_context.input_pipeline_id
         replicas = input_context.num_replicas_in_sync
+    cropped = random_crop is not None or stored.size != size or crop_fraction < 1
+    namespace = _namespace(manifest, split, (pipelines, index), cropped, shape)
+    cache, cache_bytes = _cache_target(
+        cache, manifest, split, encoded=cropped or not stored.fixed_size, namespace=namespace
+    )
+    # PNG/JPEG not kept decoded: decoded one by one after the shuffle, streaming
+    per_image = cropped or (stored.encoding != "raw" and cache is None)
+
     files, counts = manifest.shard_paths(split), manifest.shard_counts(split)
     by_file = pipelines > 1 and len(files) >= pipelines
     if by_file:  # enough shards: each input pipeline reads its own files
@@ -211,6 +215,7 @@ def make_plan(
         every_nth=every_nth,
         cores=available_cores(),
         cache=cache,
+        cache_bytes=cache_bytes,
         batch_size=batch_size,
         replicas=replicas,
         seed=None if seed is None else int(seed),
@@ -229,6 +234,17 @@ def make_plan(
         skip_corrupt=skip_corrupt,
         steps=steps,
     )
+
+
+def _namespace(
+    manifest: Manifest, split: str, pipeline: tuple[int, int], cropped: bool, shape: tuple
+) -> str:
+    """A disk cache's file name: the split, and a digest of the dataset's version (its
+    source fingerprint and shards' sha256), of this input pipeline's part, and of
+    what is cached (decoded pixels at ``shape``, or encoded records)."""
+    shards = [s["sha256"] for s in manifest.splits[split]["shards"]]
+    key = json.dumps([manifest.source.get("fingerprint"), shards, pipeline, cropped, shape])
+    return f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def default_crop_fraction(stored: ImageSpec) -> float:
@@ -258,38 +274,85 @@ def pipeline_sizes(manifest: Manifest, split: str, pipelines: int) -> list[int]:
     return [len(range(i, sum(counts), pipelines)) for i in range(pipelines)]
 
 
-def memory_budget() -> int:
-    """A quarter of physical memory: what ``cache="auto"`` may keep decoded."""
-    memory = physical_memory()
-    return memory // 4 if memory else 2 << 30
+class CacheBudget:
+    """What ``cache="auto"`` may keep in memory, shared by every dataset of the process:
+    a quarter of the memory the process may use (the container's limit, if lower than
+    physical memory). A dataset reserves its split's size when it is built and gives it
+    back when it is deleted.
+
+    Example:
+        >>> budget = CacheBudget(100)
+        >>> budget.reserve(60), budget.reserve(60)
+        (True, False)
+    """
+
+    def __init__(self, total: int | None = None):
+        if total is None:
+            memory = memory_limit()
+            total = memory // 4 if memory else 2 << 30
+        self.total = total
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, size: int) -> bool:
+        """Takes ``size`` bytes if they fit in what is left."""
+        with self._lock:
+            if self.used + size > self.total:
+                return False
+            self.used += size
+            return True
+
+    def release(self, size: int) -> None:
+        """Gives ``size`` bytes back."""
+        with self._lock:
+            self.used = max(0, self.used - size)
+
+
+CACHE_BUDGET = CacheBudget()
+
+
+def release_cache(size: int) -> None:
+    """Gives back to the process's cache budget what a dataset reserved (``cache_bytes``)."""
+    CACHE_BUDGET.release(size)
 
 
 def _cache_target(
-    cache: str | None, manifest: Manifest, split: str, *, encoded: bool
-) -> str | None:
+    cache: str | None,
+    manifest: Manifest,
+    split: str,
+    *,
+    encoded: bool,
+    namespace: str,
+) -> tuple[str | None, int]:
+    """``(tf.data cache file name or "" for memory or None, bytes reserved)``."""
     if cache is None:
-        return None
+        return None, 0
     if cache == "memory":
-        return ""
+        return "", 0
     if isinstance(cache, str) and cache.startswith("disk:") and len(cache) > 5:
-        return cache[5:]
+        # a folder; each split, dataset version and way of reading has its own files
+        folder = cache[5:]
+        storage.makedirs(folder)
+        return storage.join(folder, namespace), 0
     if cache != "auto":
-        raise checks.bad_value("cache", cache, "'auto', 'memory', 'disk:PATH' or None")
+        raise checks.bad_value("cache", cache, "'auto', 'memory', 'disk:FOLDER' or None")
     spec = manifest.image
     if encoded:  # images decoded anew each epoch (crops): the records are what is kept
         size, what = sum(s["bytes"] for s in manifest.splits[split]["shards"]), "is"
     else:
         size = manifest.num_examples(split) * spec.height * spec.width * spec.channels
         what = "decodes to"
-    fits = size <= memory_budget()
+    fits = CACHE_BUDGET.reserve(size)
     log.info(
-        "cache=auto: %s split %s %.0f MB: %s",
+        "cache=auto: %s split %s %.0f MB: %s (%.0f of %.0f MB of the budget in use)",
         split,
         what,
         size / 1e6,
         "kept in memory" if fits else "read from the shards each epoch",
+        CACHE_BUDGET.used / 1e6,
+        CACHE_BUDGET.total / 1e6,
     )
-    return "" if fits else None
+    return ("", size) if fits else (None, 0)
 
 
 def _window(
