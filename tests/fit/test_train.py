@@ -207,3 +207,60 @@ def test_cli_errors_are_clear(data, tmp_path):
     assert flag.returncode == 2 and "--epochs" in flag.stderr
     for result in (missing, unknown, weights, flag):
         assert "Traceback" not in result.stderr
+
+
+def test_a_resumed_run_keeps_its_best_history_and_patience(data, tmp_path, monkeypatch):
+    """Killed at the start of epoch 3 of 6 and resumed: the history, its CSV and the best
+    score cover all 6 epochs (before: only those after the resume, and the first epoch
+    after it overwrote best.keras whatever its score)."""
+    real_timer = training._EpochTimer
+
+    def dying():
+        timer = real_timer()
+        original = timer.on_epoch_begin
+
+        def on_epoch_begin(epoch, logs=None):
+            if epoch == 2:
+                raise Killed
+            original(epoch, logs)
+
+        timer.on_epoch_begin = on_epoch_begin
+        return timer
+
+    run = tmp_path / "run"
+    options = {**FAST, "epochs": 6}
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "_EpochTimer", dying)
+        with pytest.raises(Killed):
+            chute.train(data, run, **options)
+    before = json.loads((run / "checkpoints" / "best.json").read_text())["best"]
+    result = chute.train(data, run, **options)
+    assert result.resumed and result.epochs_run == 4
+    history = json.loads((run / "history.json").read_text())
+    assert all(len(values) == 6 for values in history.values())
+    assert len((run / "history.csv").read_text().strip().splitlines()) == 1 + 6
+    best = json.loads((run / "checkpoints" / "best.json").read_text())["best"]
+    assert best == pytest.approx(max(history["val_accuracy"])) and best >= before
+    assert result.best_val_accuracy == pytest.approx(best)
+    assert not list(run.glob("progress-*.json"))  # kept while running only
+
+
+def test_patience_counts_the_epochs_before_a_resume(tmp_path):
+    """Best at epoch 2 of 4 done before a resume, patience 3: one more epoch without a
+    better score stops the run (Keras's EarlyStopping would wait 3 more)."""
+    from chute.fit import trainer
+    from chute.fit.rundir import prepare
+
+    run = prepare(tmp_path / "run", overwrite=False)
+    earlier = {"val_accuracy": [0.5, 0.8, 0.7, 0.6], "loss": [1.0, 0.8, 0.7, 0.6]}
+    (tmp_path / "run" / "progress-all.json").write_text(json.dumps(earlier))
+    kept = trainer.progress(run, "all", "val_accuracy", patience=3)
+
+    class Model:
+        stop_training = False
+
+    kept.set_model(Model())
+    kept.on_epoch_end(4, {"val_accuracy": 0.79, "loss": 0.5})
+    assert kept.model.stop_training
+    assert kept.finish()["val_accuracy"] == [0.5, 0.8, 0.7, 0.6, 0.79]
+    assert not (tmp_path / "run" / "progress-all.json").exists()

@@ -348,20 +348,16 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
             or strategy_lib.STEPS_PER_EXECUTION.get(strategy.chute_kind, 1),
         )
     timer = _EpochTimer()
+    kept = trainable.progress(run, phase.name, inputs.monitor, config.early_stopping)
     callbacks = [
-        keras.callbacks.BackupAndRestore(phase.backup),
+        keras.callbacks.BackupAndRestore(phase.backup),  # first: the others see saved epochs
         *trainable.checkpoints(model, run, inputs.monitor),
         keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
         keras.callbacks.TensorBoard(run.logs),
+        kept,
         timer,
     ]
-    if config.early_stopping:
-        callbacks.append(
-            keras.callbacks.EarlyStopping(
-                monitor=inputs.monitor, patience=config.early_stopping, restore_best_weights=True
-            )
-        )
-    history = trainer.fit(
+    trainer.fit(
         inputs.train,
         validation_data=inputs.val,
         epochs=phase.epochs,
@@ -369,15 +365,14 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
         class_weight=class_weight,
         shuffle=False,  # the dataset shuffles itself (Keras would only warn)
         verbose=verbose,
-    ).history
-    return history, timer.seconds
+    )
+    return kept.finish(), timer.seconds
 
 
 def _save_best(model, manifest, run, config: TrainConfig, precision: str, strategy, inputs):
     """The best checkpoint as a model bundle (holding the model, ready for evaluation)."""
-    best = run.checkpoint("best")
-    # fit's EarlyStopping restores the best weights itself; otherwise load them.
-    if storage.exists(best) and (strategy.chute_kind == "multiworker" or not config.early_stopping):
+    best = run.checkpoint("best")  # the best epoch of the whole run, resumes included
+    if storage.exists(best):
         model = load_model(best)
     return save_bundle(
         model,

@@ -10,6 +10,8 @@ step, freezing for transfer learning, and checkpoints of the model itself.
 - :func:`checkpoints`: ``best.keras`` and ``last.keras`` of the model (not of a
   wrapper), the best score kept beside them so that a resumed run compares with
   it.
+- :func:`progress`: a phase's history kept epoch by epoch, and early stopping's
+  patience counted over it, across any number of resumes.
 
 Example:
     >>> trainer = with_augmentation(model, augmentation)  # doctest: +SKIP
@@ -109,3 +111,37 @@ def checkpoints(model: Any, run: Any, monitor: str) -> list:
                 storage.write_atomic(best_file, json.dumps({"best": float(score)}).encode())
 
     return [Checkpoints()]
+
+
+def progress(run: Any, phase: str, monitor: str, patience: int | None) -> Any:
+    """A callback keeping a phase's history epoch by epoch in the run folder
+    (``progress-<phase>.json``), so that a resumed run continues it rather than
+    starting a new one, and stopping after ``patience`` epochs without a better
+    ``monitor`` counting the epochs before the resume too. ``.history`` is the whole
+    phase's history."""
+    path = run.join(f"progress-{phase}.json")
+
+    class Progress(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.history: dict[str, list[float]] = {}
+            if storage.exists(path):  # epochs an interrupted run already did
+                self.history = json.loads(storage.read_bytes(path))
+
+        def on_epoch_end(self, epoch, logs=None):
+            for name, value in (logs or {}).items():
+                self.history.setdefault(name, []).append(float(value))
+            storage.write_atomic(path, json.dumps(self.history).encode())
+            scores = self.history.get(monitor, [])
+            if patience and scores:
+                waited = len(scores) - 1 - scores.index(max(scores))
+                if waited >= patience:
+                    log.info("no better %s for %d epochs: stopping", monitor, waited)
+                    self.model.stop_training = True
+
+        def finish(self) -> dict[str, list[float]]:
+            """The phase's whole history; its file is no longer needed."""
+            storage.remove_if_exists(path)
+            return self.history
+
+    return Progress()
