@@ -83,6 +83,10 @@ def test_precision_policy():
     assert strategy.precision_policy("multi-gpu", gpu_mixed_float16=False) == "float32"
     assert strategy.precision_policy("cpu") == "float32"
     assert strategy.precision_policy("cpu", "mixed_bfloat16") == "mixed_bfloat16"
+    # several workers: float16 when this worker has GPUs that support it
+    assert strategy.precision_policy("multiworker", gpus=4) == "mixed_float16"
+    assert strategy.precision_policy("multiworker", gpus=0) == "float32"
+    assert strategy.precision_policy("multiworker", gpus=4, gpu_mixed_float16=False) == "float32"
     with pytest.raises(ChuteError, match="`precision` must be one of"):
         strategy.precision_policy("cpu", "fp8")
 

@@ -264,3 +264,43 @@ def test_patience_counts_the_epochs_before_a_resume(tmp_path):
     assert kept.model.stop_training
     assert kept.finish()["val_accuracy"] == [0.5, 0.8, 0.7, 0.6, 0.79]
     assert not (tmp_path / "run" / "progress-all.json").exists()
+
+
+def test_a_mixed_precision_run_saves_a_float32_bundle(data, tmp_path):
+    """The bundle predicts on CPUs: float32 layers, the weights of the best checkpoint."""
+    import keras
+    import numpy as np
+
+    run = tmp_path / "run"
+    result = chute.train(data, run, **{**FAST, "epochs": 1}, precision="mixed_bfloat16")
+    assert result.precision == "mixed_bfloat16"
+    assert keras.mixed_precision.global_policy().name == "float32"  # restored after the run
+    best = keras.models.load_model(run / "checkpoints" / "best.keras")
+    served = keras.models.load_model(run / "bundle" / "model.keras")
+    assert {layer.dtype_policy.name for layer in best.layers} >= {"mixed_bfloat16"}
+    assert {layer.dtype_policy.name for layer in served.layers} == {"float32"}
+    for a, b in zip(best.get_weights(), served.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    x = np.random.default_rng(0).random((4, *served.input_shape[1:]), dtype=np.float32)
+    np.testing.assert_allclose(served.predict(x, verbose=0), best.predict(x, verbose=0), atol=0.05)
+
+
+@pytest.mark.parametrize(
+    ("kind", "gpus", "capable", "expected"),
+    [
+        ("multiworker", 2, True, "mixed_float16"),
+        ("multiworker", 2, False, "float32"),
+        ("multiworker", 0, True, "float32"),
+        ("gpu", 1, True, "mixed_float16"),
+        ("cpu", 0, True, "float32"),
+    ],
+)
+def test_auto_precision_follows_this_workers_gpus(monkeypatch, kind, gpus, capable, expected):
+    from types import SimpleNamespace
+
+    from chute.fit import strategy as strategy_lib
+
+    monkeypatch.setattr(strategy_lib, "count_gpus", lambda: gpus)
+    monkeypatch.setattr(strategy_lib, "gpu_supports_mixed_float16", lambda: capable)
+    built = SimpleNamespace(chute_kind=kind)
+    assert training._precision(TrainConfig(), built) == expected

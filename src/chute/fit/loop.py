@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from chute.fit.objective import categorical, make_loss, make_optimizer
 from chute.fit.rundir import RunDir
 from chute.fit.trainer import checkpoints
 from chute.format import storage
-from chute.lazy import tf
+from chute.lazy import keras, tf
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def fit_multiworker(
         The history (metric name -> value per epoch) and the seconds of each epoch run.
     """
     with strategy.scope():
-        optimizer = make_optimizer(config, steps, learning_rate=learning_rate, epochs=epochs)
+        optimizer = _optimizer(config, steps, learning_rate=learning_rate, epochs=epochs)
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
     train_step, val_step = _steps(model, strategy, optimizer, config, class_weight, augmentation,
                                   train_ds.global_batch_size)  # fmt: skip
@@ -109,10 +110,20 @@ def fit_multiworker(
     return history, seconds
 
 
+def _optimizer(config: TrainConfig, steps: int, *, learning_rate: float, epochs: int) -> Any:
+    """The run's optimizer; under ``mixed_float16`` wrapped to scale the loss, since
+    float16 gradients underflow without it (Keras's ``fit`` wraps it by itself)."""
+    optimizer = make_optimizer(config, steps, learning_rate=learning_rate, epochs=epochs)
+    if keras.mixed_precision.global_policy().name == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
 def _steps(model, strategy, optimizer, config, class_weight, augmentation, global_batch):
     """The distributed train step (loss, right, top-5 summed over replicas) and the
     validation step (sums over a batch), as ``tf.function``s."""
     loss_fn = make_loss(config, reduction="none")
+    scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     is_categorical = categorical(config)
     weights = None
     if class_weight:
@@ -137,12 +148,15 @@ def _steps(model, strategy, optimizer, config, class_weight, augmentation, globa
                 else:
                     images = augmentation(images)
             with tf.GradientTape() as tape:
-                probs = model(images, training=True)
+                # the loss in float32, whatever the model's output dtype
+                probs = tf.cast(model(images, training=True), tf.float32)
                 per_example = loss_fn(labels, probs)
                 if weights is not None:
                     per_example *= tf.gather(weights, targets(labels))
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            grads = tape.gradient(loss, model.trainable_variables)
+                scaled = optimizer.scale_loss(loss) if scaling else loss
+            # a LossScaleOptimizer unscales the gradients (and skips a step that overflowed)
+            grads = tape.gradient(scaled, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return tf.stack([loss, *counts(probs, labels)])
 
@@ -150,7 +164,7 @@ def _steps(model, strategy, optimizer, config, class_weight, augmentation, globa
 
     @tf.function
     def val_step(images, labels):
-        probs = model(images, training=False)
+        probs = tf.cast(model(images, training=False), tf.float32)
         size = tf.cast(tf.shape(probs)[0], tf.float32)
         return tf.stack([tf.reduce_sum(loss_fn(labels, probs)), *counts(probs, labels), size])
 

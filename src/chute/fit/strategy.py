@@ -109,6 +109,11 @@ def _default_resolver(address: str | None) -> Any:
     return resolver
 
 
+def count_gpus() -> int:
+    """GPUs TensorFlow sees on this machine."""
+    return _default_gpus()
+
+
 def _default_gpus() -> int:
     return len(tf.config.list_physical_devices("GPU"))
 
@@ -209,23 +214,28 @@ def describe(strategy: Any) -> dict:
     }
 
 
-def precision_policy(kind: str, requested: str = "auto", *, gpu_mixed_float16: bool = True) -> str:
+def precision_policy(
+    kind: str, requested: str = "auto", *, gpu_mixed_float16: bool = True, gpus: int = 0
+) -> str:
     """The Keras mixed-precision policy for a strategy kind.
 
     ``auto``: ``mixed_bfloat16`` on TPU, ``mixed_float16`` on GPUs that support
-    it (compute capability 7.0 or newer), ``float32`` elsewhere (the CPU,
-    unless asked).
+    it (compute capability 7.0 or newer), also when several workers train on
+    GPUs (``gpus``: this worker's), ``float32`` elsewhere (the CPU, unless asked).
 
     Example:
         >>> precision_policy("tpu"), precision_policy("cpu")
         ('mixed_bfloat16', 'float32')
+        >>> precision_policy("multiworker", gpus=2)
+        'mixed_float16'
     """
     checks.one_of("precision", requested, PRECISIONS)
     if requested != "auto":
         return requested
     if kind == "tpu":
         return "mixed_bfloat16"
-    if kind in ("gpu", "multi-gpu") and gpu_mixed_float16:
+    on_gpus = kind in ("gpu", "multi-gpu") or (kind == "multiworker" and gpus > 0)
+    if on_gpus and gpu_mixed_float16:
         return "mixed_float16"
     return "float32"
 

@@ -143,8 +143,11 @@ def _training_data(data: Any) -> manifest_lib.Manifest:
 
 def _precision(config: TrainConfig, strategy: Any) -> str:
     kind = strategy.chute_kind
-    gpu_fp16 = kind in ("gpu", "multi-gpu") and strategy_lib.gpu_supports_mixed_float16()
-    return strategy_lib.precision_policy(kind, config.precision, gpu_mixed_float16=gpu_fp16)
+    gpus = strategy_lib.count_gpus() if kind in ("gpu", "multi-gpu", "multiworker") else 0
+    gpu_fp16 = gpus > 0 and strategy_lib.gpu_supports_mixed_float16()
+    return strategy_lib.precision_policy(
+        kind, config.precision, gpu_mixed_float16=gpu_fp16, gpus=gpus
+    )
 
 
 @contextlib.contextmanager
@@ -375,7 +378,7 @@ def _save_best(model, manifest, run, config: TrainConfig, precision: str, strate
     if storage.exists(best):
         model = load_model(best)
     return save_bundle(
-        model,
+        trainable.in_float32(model),  # predict runs on CPUs: float32 layers, same weights
         run.bundle,
         class_names=manifest.class_names,
         image=manifest.image,

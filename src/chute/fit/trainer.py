@@ -145,3 +145,32 @@ def progress(run: Any, phase: str, monitor: str, patience: int | None) -> Any:
             return self.history
 
     return Progress()
+
+
+def in_float32(model: Any) -> Any:
+    """``model`` with every layer's dtype policy float32 and the same weights (itself
+    when it already is): a bundle trained in mixed precision predicts in float32 on
+    a CPU."""
+    config = model.get_config()
+    if not _to_float32(config):
+        return model
+    rebuilt = model.__class__.from_config(config)
+    rebuilt.set_weights(model.get_weights())
+    return rebuilt
+
+
+def _to_float32(config: Any) -> bool:
+    """Replaces mixed-precision dtype policies in a layer config, in place; True if any."""
+    changed = False
+    if isinstance(config, dict):
+        if config.get("class_name") == "DTypePolicy":
+            name = config.get("config", {}).get("name", "")
+            if name.startswith("mixed_"):
+                config["config"]["name"] = "float32"
+                return True
+        for value in config.values():
+            changed |= _to_float32(value)
+    elif isinstance(config, list):
+        for value in config:
+            changed |= _to_float32(value)
+    return changed
