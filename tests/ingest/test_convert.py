@@ -68,9 +68,8 @@ def test_manifest_describes_classes_spec_splits_and_shards(folder, tmp_path):
     for split in manifest.splits.values():
         assert len(split["shards"]) == 2
         assert sum(s["num_records"] for s in split["shards"]) == split["num_examples"]
-        summed = [
-            sum(col) for col in zip(*(s["class_counts"] for s in split["shards"]), strict=True)
-        ]
+        per_shard = [manifest.shard_class_counts(s) for s in split["shards"]]
+        summed = [sum(col) for col in zip(*per_shard, strict=True)]
         assert summed == split["class_counts"]
         assert sum(split["class_counts"]) == split["num_examples"]
         for shard in split["shards"]:
@@ -81,7 +80,9 @@ def test_manifest_describes_classes_spec_splits_and_shards(folder, tmp_path):
             records = read_records(path)
             assert shard["num_records"] == len(records)
             counts = collections.Counter(r["class"] for r in records)
-            assert shard["class_counts"] == [counts[i] for i in range(3)]
+            held = sorted(counts)  # stored sparse: the classes this shard holds
+            assert shard["class_counts"] == {"classes": held, "counts": [counts[i] for i in held]}
+            assert manifest.shard_class_counts(shard) == [counts[i] for i in range(3)]
             for record in records:  # the label is the key's class folder
                 assert record["class"] == manifest.class_names.index(record["key"].split("/")[0])
                 assert record["size"] == (12, 10) and record["channels"] == 1
@@ -103,7 +104,7 @@ def test_manifest_describes_classes_spec_splits_and_shards(folder, tmp_path):
     assert manifest.rejects == [] and manifest.duplicates == []
 
     body = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-    assert body["format"] == "chute.manifest" and body["version"] == 2
+    assert body["format"] == "chute.manifest" and body["version"] == 3
     assert body["class_names"] == ["a", "b", "c"]
     assert (out / "rejects.csv").read_text().splitlines() == ["key,reason"]
     assert not (out / ".chute-work").exists()

@@ -112,10 +112,15 @@ def test_tampered_split_size_is_caught(dataset):
 
 def test_tampered_class_counts_are_named(dataset):
     def edit(body):
-        counts = _shard_entry(body, VAL1)["class_counts"]
-        i = next(i for i, n in enumerate(counts) if n)  # move one record to another class
-        counts[i] -= 1
-        counts[(i + 1) % len(counts)] += 1
+        stored = _shard_entry(body, VAL1)["class_counts"]  # sparse: classes held, counts
+        dense = [0] * len(body["class_names"])
+        for label, count in zip(stored["classes"], stored["counts"], strict=True):
+            dense[label] = count
+        i = stored["classes"][0]  # move one record to another class
+        dense[i] -= 1
+        dense[(i + 1) % len(dense)] += 1
+        held = [label for label, count in enumerate(dense) if count]
+        stored.update(classes=held, counts=[dense[label] for label in held])
 
     _edit_manifest(dataset, edit)
     report = chute.verify(dataset)
@@ -209,3 +214,29 @@ def test_verify_on_a_tf_filesystem_downloads_each_shard_once(tmp_path, monkeypat
     report = chute.verify(out)
     assert _bad_files(report) == {TRAIN0}
     assert any("sha256" in problem for _, problem in report.problems)
+
+
+def test_a_version_2_manifest_with_dense_shard_counts_still_verifies(dataset):
+    """Datasets converted before per-shard counts went sparse keep working."""
+
+    def to_version_2(body):
+        body["version"] = 2
+        for split in body["splits"].values():
+            for shard in split["shards"]:
+                stored, dense = shard["class_counts"], [0] * len(body["class_names"])
+                for label, count in zip(stored["classes"], stored["counts"], strict=True):
+                    dense[label] = count
+                shard["class_counts"] = dense
+
+    _edit_manifest(dataset, to_version_2)
+    assert chute.verify(dataset).ok
+    assert chute.load_manifest(dataset).num_examples("val") == 6
+
+    def move_one(body):
+        dense = _shard_entry(body, VAL1)["class_counts"]
+        i = next(i for i, n in enumerate(dense) if n)
+        dense[i] -= 1
+        dense[(i + 1) % len(dense)] += 1
+
+    _edit_manifest(dataset, move_one)
+    assert _bad_files(chute.verify(dataset)) == {VAL1}

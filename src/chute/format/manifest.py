@@ -1,8 +1,9 @@
 """The manifest: the one description of a converted dataset.
 
 ``manifest.json`` (versioned) holds the class names in label order, the
-:class:`~chute.format.spec.ImageSpec`, every split's shards (file, record count, bytes, sha256,
-per-class counts), the conversion options, the source's fingerprint, and the
+:class:`~chute.format.spec.ImageSpec`, every split's per-class counts and shards
+(file, record count, bytes, sha256, and the counts of just the classes the
+shard holds), the conversion options, the source's fingerprint, and the
 rejected inputs and duplicates. Exact dataset sizes come from here, and
 ``verify`` checks the shards against it. It is written last, so its presence
 means the conversion finished.
@@ -24,7 +25,8 @@ from chute.format.spec import ImageSpec
 MANIFEST_NAME = "manifest.json"
 WORK_DIR = ".chute-work"  # a conversion in progress keeps its state here
 FORMAT = "chute.manifest"
-VERSION = 2  # 2: the image spec holds resize, interpolation and quality (1: in options)
+VERSION = 3  # 3: sparse per-shard class counts (2: a list of every class's count per shard);
+# 2: the image spec holds resize, interpolation and quality (1: in options)
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?\d+,\s*)*-?\d+)\s*\]")
 
 
@@ -40,7 +42,8 @@ class Manifest:
 
     class_names: list[str]
     image: ImageSpec
-    splits: dict[str, dict[str, Any]]  # name -> num_examples, class_counts, shards
+    # name -> num_examples, class_counts (every class's, in label order), shards
+    splits: dict[str, dict[str, Any]]
     options: dict[str, Any]
     source: dict[str, Any]  # location, kind, fingerprint, num_items
     rejects: list[dict[str, str]] = dataclasses.field(default_factory=list)
@@ -71,6 +74,10 @@ class Manifest:
         """Records in each of ``split``'s shards, in order."""
         self.check_split(split)
         return [s["num_records"] for s in self.splits[split]["shards"]]
+
+    def shard_class_counts(self, shard: dict[str, Any]) -> list[int]:
+        """Every class's count in one of this manifest's shard entries, in label order."""
+        return dense_counts(shard["class_counts"], self.num_classes)
 
     def to_json(self) -> str:
         """The manifest as deterministic, human-readable JSON."""
@@ -110,6 +117,36 @@ class Manifest:
         path = storage.join(directory, MANIFEST_NAME)
         storage.write_atomic(path, self.to_json().encode("utf-8"))
         return path
+
+
+def sparse_counts(counts: dict[int, int]) -> dict[str, list[int]]:
+    """A shard's class counts as stored: the labels it holds (ascending) and their counts.
+
+    At 10,000 classes a list of every class's count per shard would make the
+    manifest shards × classes numbers, parsed on every load; this form grows
+    with the records instead.
+
+    Example:
+        >>> sparse_counts({7: 2, 0: 5, 3: 0})
+        {'classes': [0, 7], 'counts': [5, 2]}
+    """
+    labels = sorted(label for label, count in counts.items() if count)
+    return {"classes": labels, "counts": [int(counts[label]) for label in labels]}
+
+
+def dense_counts(stored: Any, num_classes: int) -> list[int]:
+    """Every class's count from a shard's stored counts (sparse, or a version-2 list).
+
+    Example:
+        >>> dense_counts({"classes": [0, 7], "counts": [5, 2]}, 8)
+        [5, 0, 0, 0, 0, 0, 0, 2]
+    """
+    if isinstance(stored, list):
+        return [int(count) for count in stored]
+    dense = [0] * num_classes
+    for label, count in zip(stored["classes"], stored["counts"], strict=True):
+        dense[label] = int(count)
+    return dense
 
 
 def manifest_path(path: str | os.PathLike) -> tuple[str, str]:

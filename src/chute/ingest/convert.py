@@ -340,7 +340,7 @@ def _write_shard(
     outcomes: list[tuple[str | None, str]] = []
     work = storage.join(output, resume.WORK_DIR)
     path = storage.join(output, shard.name)
-    with ShardWriter(path, len(found.class_names), tmp_dir=work) as writer:
+    with ShardWriter(path, tmp_dir=work) as writer:
         for start in range(0, len(shard.indices), ENCODE_CHUNK):
             kept, labels = [], []
             chunk = shard.indices[start : start + ENCODE_CHUNK]
@@ -385,8 +385,9 @@ def _finish(
             {"num_examples": 0, "class_counts": [0] * len(found.class_names), "shards": []},
         )
         split["num_examples"] += info["num_records"]
+        shard_counts = manifest_lib.dense_counts(info["class_counts"], len(found.class_names))
         split["class_counts"] = [
-            a + b for a, b in zip(split["class_counts"], info["class_counts"], strict=True)
+            a + b for a, b in zip(split["class_counts"], shard_counts, strict=True)
         ]
         split["shards"].append(info)
     empty = [

@@ -118,7 +118,7 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> tuple[list[str
         problems.append(problem)
     elif count != shard["num_records"]:
         problems.append(f"holds {count} records, the manifest says {shard['num_records']}")
-    elif class_counts != shard["class_counts"]:
+    elif class_counts != manifest.shard_class_counts(shard):
         problems.append("per-class counts differ from the manifest")
     return problems, count, class_counts
 

@@ -1,7 +1,7 @@
 """The shard writer: one shard written under a temporary name, hashed, and renamed when complete.
 
 Example:
-    >>> with ShardWriter("ram://out/train-00000-of-00001.tfrecord", 2) as w:  # doctest: +SKIP
+    >>> with ShardWriter("ram://out/train-00000-of-00001.tfrecord") as w:  # doctest: +SKIP
     ...     w.write(framed, labels=[0, 1])
     >>> w.info["num_records"]  # doctest: +SKIP
     2
@@ -9,10 +9,11 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import hashlib
 from typing import Any
 
-from chute.format import storage
+from chute.format import manifest, storage
 
 
 class ShardWriter:
@@ -24,13 +25,13 @@ class ShardWriter:
     deleted; on success its data reach the disk before the rename.
     """
 
-    def __init__(self, path: str, num_classes: int, *, tmp_dir: str | None = None):
+    def __init__(self, path: str, *, tmp_dir: str | None = None):
         self.path = path
         name = storage.basename(path)
         self._tmp = storage.join(tmp_dir, name + ".partial") if tmp_dir else path + ".partial"
         self._hash = hashlib.sha256()
         self._bytes = 0
-        self._class_counts = [0] * num_classes
+        self._class_counts: collections.Counter[int] = collections.Counter()
         self._handle: Any = None
         self.info: dict[str, Any] = {}
 
@@ -44,8 +45,7 @@ class ShardWriter:
         self._handle.write(framed)
         self._hash.update(framed)
         self._bytes += len(framed)
-        for label in labels:
-            self._class_counts[label] += 1
+        self._class_counts.update(labels)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
@@ -57,8 +57,8 @@ class ShardWriter:
         storage.rename(self._tmp, self.path)
         self.info = {
             "file": storage.basename(self.path),
-            "num_records": sum(self._class_counts),
+            "num_records": self._class_counts.total(),
             "bytes": self._bytes,
             "sha256": self._hash.hexdigest(),
-            "class_counts": self._class_counts,
+            "class_counts": manifest.sparse_counts(self._class_counts),
         }

@@ -1,0 +1,73 @@
+"""The manifest's stored form: sparse per-shard class counts, older versions, round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chute import ChuteError, ImageSpec
+from chute.format import manifest as manifest_lib
+from chute.ingest.writer import ShardWriter
+
+NUM_CLASSES = 10_000
+
+
+def test_sparse_and_dense_counts_round_trip():
+    stored = manifest_lib.sparse_counts({9_999: 3, 0: 1, 42: 0})
+    assert stored == {"classes": [0, 9_999], "counts": [1, 3]}
+    dense = manifest_lib.dense_counts(stored, NUM_CLASSES)
+    assert len(dense) == NUM_CLASSES and dense[0] == 1 and dense[9_999] == 3 and sum(dense) == 4
+    assert manifest_lib.dense_counts([1, 0, 3], 3) == [1, 0, 3]  # version 2: a list per shard
+
+
+def _ten_thousand_classes(tmp_path) -> manifest_lib.Manifest:
+    """100 shards of 50 records each, every shard holding 50 of the 10,000 classes."""
+    shards = []
+    for index in range(100):
+        with ShardWriter(str(tmp_path / f"train-{index:05d}")) as writer:
+            labels = [(index * 50 + i) % NUM_CLASSES for i in range(50)]
+            writer.write(b"r" * len(labels), labels)
+        shards.append(writer.info)
+    totals = [0] * NUM_CLASSES
+    for shard in shards:
+        for label, count in zip(*shard["class_counts"].values(), strict=True):
+            totals[label] += count
+    return manifest_lib.Manifest(
+        class_names=[f"c{i:05d}" for i in range(NUM_CLASSES)],
+        image=ImageSpec(height=8, width=8, channels=3),
+        splits={"train": {"num_examples": 5_000, "class_counts": totals, "shards": shards}},
+        options={},
+        source={},
+    )
+
+
+def test_per_shard_counts_grow_with_records_not_classes(tmp_path):
+    manifest = _ten_thousand_classes(tmp_path)
+    body = json.loads(manifest.to_json())
+    stored = [len(s["class_counts"]["counts"]) for s in body["splits"]["train"]["shards"]]
+    assert stored == [50] * 100  # a list per shard would hold 10,000 numbers each
+    # the class names and the split's totals dominate; the shards add ~ their records
+    assert len(manifest.to_json()) < 400_000
+    again = manifest_lib.Manifest.from_json(manifest.to_json())
+    assert again == manifest
+    shard = again.splits["train"]["shards"][3]
+    dense = again.shard_class_counts(shard)
+    assert sum(dense) == shard["num_records"] == 50 and dense[150] == 1 and dense[149] == 0
+
+
+def test_older_manifests_are_read_and_newer_ones_refused():
+    body = {
+        "format": "chute.manifest",
+        "version": 1,  # resize and quality lived in the options
+        "class_names": ["a", "b"],
+        "image": {"height": 8, "width": 8, "channels": 3, "encoding": "jpeg"},
+        "splits": {"train": {"num_examples": 3, "class_counts": [2, 1], "shards": []}},
+        "options": {"resize": "pad", "quality": 90},
+        "source": {},
+    }
+    old = manifest_lib.Manifest.from_json(json.dumps(body))
+    assert old.image.resize == "pad" and old.image.quality == 90
+    body["version"] = manifest_lib.VERSION + 1
+    with pytest.raises(ChuteError, match="newer chute"):
+        manifest_lib.Manifest.from_json(json.dumps(body), location="ram://x")
