@@ -10,22 +10,24 @@ from chute.tools import report
 
 
 def _report(k: int) -> EvalReport:
-    confusion = np.eye(k, dtype=int) * 5
-    confusion[1, 2], confusion[3, 0] = 4, 2
-    return EvalReport(
-        "val",
-        int(confusion.sum()),
-        0.5,
-        0.9,
-        1.0,
-        [],
-        confusion.tolist(),
-        [f"c{i}" for i in range(k)],
-    )
+    confusion = sorted([(i, i, 5) for i in range(k)] + [(1, 2, 4), (3, 0, 2)])
+    return EvalReport("val", 5 * k + 6, 0.5, 0.9, 1.0, [], confusion, [f"c{i}" for i in range(k)])
 
 
 def test_most_confused_pairs_are_ranked():
     assert _report(4).most_confused(2) == [("c1", "c2", 4), ("c3", "c0", 2)]
+
+
+def test_the_sparse_confusion_makes_the_dense_matrix():
+    expected = np.eye(4, dtype=np.int64) * 5
+    expected[1, 2], expected[3, 0] = 4, 2
+    np.testing.assert_array_equal(_report(4).confusion_matrix(), expected)
+
+
+def test_thumbnails_are_what_the_pairs_picture_shows():
+    gray = np.arange(100 * 80, dtype=np.uint32).reshape(100, 80, 1).astype(np.uint8)
+    assert report.thumbnail(gray).shape == (48, 48, 1)
+    assert report.thumbnail(np.zeros((30, 20, 3), np.uint8)).shape == (48, 48, 3)
 
 
 def test_heat_map_for_few_classes(tmp_path):

@@ -21,13 +21,19 @@ from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
+from chute.tools.report import HEAT_MAP_CLASSES, draw_confusion, thumbnail
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class EvalReport:
-    """Figures of one evaluation; ``confusion[i][j]`` counts class i predicted as j."""
+    """Figures of one evaluation.
+
+    ``confusion`` is sparse, so that 10,000 classes cost no more than 10: one
+    ``(true label, predicted label, times)`` triple per pair seen, the diagonal
+    included, sorted by labels; :meth:`confusion_matrix` makes the dense matrix.
+    """
 
     split: str
     examples: int
@@ -35,18 +41,113 @@ class EvalReport:
     accuracy: float
     top5: float
     per_class: list[dict]
-    confusion: list[list[int]]
+    confusion: list[tuple[int, int, int]]
     class_names: list[str]
+
+    def confusion_matrix(self) -> np.ndarray:
+        """The dense ``classes × classes`` counts: ``[i, j]`` is class i predicted as j.
+
+        Example:
+            >>> report.confusion_matrix()[0, 1]  # doctest: +SKIP
+            3
+        """
+        k = len(self.class_names)
+        matrix = np.zeros((k, k), np.int64)
+        for true, predicted, times in self.confusion:
+            matrix[true, predicted] = times
+        return matrix
 
     def most_confused(self, count: int = 10) -> list[tuple[str, str, int]]:
         """The ``(true, predicted, times)`` pairs seen most often off the diagonal."""
-        pairs = [
-            (self.class_names[i], self.class_names[j], n)
-            for i, row in enumerate(self.confusion)
-            for j, n in enumerate(row)
-            if i != j and n
-        ]
+        names = self.class_names
+        pairs = [(names[i], names[j], n) for i, j, n in self.confusion if i != j]
         return sorted(pairs, key=lambda p: (-p[2], p[0], p[1]))[:count]
+
+
+def top_labels(probs: np.ndarray, k: int) -> np.ndarray:
+    """Per row, the labels of the ``k`` highest scores, highest first; equal scores
+    in label order (as a stable sort would give), in ``O(classes)`` per row.
+
+    Example:
+        >>> top_labels(np.array([[0.1, 0.5, 0.1, 0.3]]), 3).tolist()
+        [[1, 3, 0]]
+    """
+    classes = probs.shape[1]
+    k = min(k, classes)
+    if k == classes:
+        return np.argsort(-probs, axis=1, kind="stable")
+    chosen = np.argpartition(-probs, k - 1, axis=1)[:, :k]
+    values = np.take_along_axis(probs, chosen, 1)
+    # a score equal to the k-th highest outside the chosen: pick as the stable sort would
+    tied = (probs >= values.min(1, keepdims=True)).sum(1) > k
+    for row in np.flatnonzero(tied):
+        chosen[row] = np.argsort(-probs[row], kind="stable")[:k]
+        values[row] = probs[row, chosen[row]]
+    order = np.lexsort((chosen, -values), axis=-1)
+    return np.take_along_axis(chosen, order, 1)
+
+
+class Tally:
+    """An evaluation's running sums, batch by batch: memory grows with the examples
+    (a few numbers each) and one batch of scores, not with examples × classes or
+    classes².
+
+    Example:
+        >>> tally = Tally(num_classes=3)
+        >>> tally.add(np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]), np.array([0, 1]))
+        >>> tally.report("val", ["a", "b", "c"]).accuracy
+        0.5
+    """
+
+    def __init__(self, num_classes: int):
+        self.num_classes = num_classes
+        self._chosen: list[np.ndarray] = []  # the true class's score
+        self._labels: list[np.ndarray] = []
+        self._predicted: list[np.ndarray] = []
+        self._in_top: list[np.ndarray] = []
+
+    def add(self, probs: np.ndarray, labels: np.ndarray) -> None:
+        """One batch: scores ``(batch, classes)`` and integer labels ``(batch,)``."""
+        probs = np.asarray(probs, np.float32)
+        labels = np.asarray(labels, np.int64)
+        self._chosen.append(probs[np.arange(len(labels)), labels])
+        self._labels.append(labels)
+        self._predicted.append(probs.argmax(1))  # the first of equal scores, as top_labels
+        top = top_labels(probs, 5)
+        self._in_top.append((top == labels[:, None]).any(1))
+
+    def report(self, split: str, class_names: list[str]) -> EvalReport:
+        """The figures of every batch added."""
+        k = self.num_classes
+        labels = np.concatenate(self._labels) if self._labels else np.zeros(0, np.int64)
+        predicted = np.concatenate(self._predicted) if self._labels else labels
+        chosen = np.concatenate(self._chosen) if self._labels else np.zeros(0, np.float32)
+        in_top = np.concatenate(self._in_top) if self._labels else np.zeros(0, bool)
+        pairs, times = np.unique(labels * k + predicted, return_counts=True)
+        confusion = [
+            (int(pair // k), int(pair % k), int(n)) for pair, n in zip(pairs, times, strict=True)
+        ]
+        totals = np.bincount(labels, minlength=k)
+        right = np.bincount(labels[labels == predicted], minlength=k)
+        per_class = [
+            {
+                "class": name,
+                "examples": int(totals[label]),
+                "accuracy": float(right[label] / totals[label]) if totals[label] else None,
+            }
+            for label, name in enumerate(class_names)
+        ]
+        clipped = np.clip(chosen.astype(np.float64), 1e-12, 1.0)
+        return EvalReport(
+            split=split,
+            examples=len(labels),
+            loss=float(-np.log(clipped).mean()) if len(labels) else float("nan"),
+            accuracy=float((predicted == labels).mean()) if len(labels) else float("nan"),
+            top5=float(in_top.mean()) if len(labels) else float("nan"),
+            per_class=per_class,
+            confusion=confusion,
+            class_names=list(class_names),
+        )
 
 
 def evaluate(
@@ -87,41 +188,18 @@ def evaluate(
         image_size=loaded.input_size,  # prepared as the model was trained and predicts
         crop_fraction=loaded.crop_fraction,
     )
-    probabilities, labels = [], []
-    samples: dict[int, np.ndarray] = {}  # one image per class, for the confusion picture
+    tally = Tally(manifest.num_classes)
+    # one image per class for the picture of the most confused pairs, as a thumbnail
+    samples: dict[int, np.ndarray] = {}
+    wanted = manifest.num_classes if manifest.num_classes > HEAT_MAP_CLASSES else 0
     for images, batch_labels in dataset:
-        probabilities.append(np.asarray(loaded.model(images, training=False), np.float64))
-        labels.append(batch_labels.numpy())
-        if len(samples) < manifest.num_classes:
-            for image, label in zip(images.numpy(), labels[-1], strict=True):
-                samples.setdefault(int(label), image)
-    probs, labels = np.concatenate(probabilities), np.concatenate(labels)
-    k = manifest.num_classes
-    chosen = probs[np.arange(len(labels)), labels]
-    predicted = probs.argmax(1)
-    top5 = np.argsort(-probs, 1)[:, : min(5, k)]
-    confusion = np.zeros((k, k), np.int64)
-    np.add.at(confusion, (labels, predicted), 1)
-    per_class = []
-    for label, name in enumerate(manifest.class_names):
-        total = int(confusion[label].sum())
-        per_class.append(
-            {
-                "class": name,
-                "examples": total,
-                "accuracy": float(confusion[label, label] / total) if total else None,
-            }
-        )
-    result = EvalReport(
-        split=split,
-        examples=len(labels),
-        loss=float(-np.log(np.clip(chosen, 1e-12, 1.0)).mean()),
-        accuracy=float((predicted == labels).mean()),
-        top5=float((top5 == labels[:, None]).any(1).mean()),
-        per_class=per_class,
-        confusion=confusion.tolist(),
-        class_names=list(manifest.class_names),
-    )
+        labels = batch_labels.numpy()
+        tally.add(np.asarray(loaded.model(images, training=False)), labels)
+        if len(samples) < wanted:
+            for image, label in zip(images.numpy(), labels, strict=True):
+                if int(label) not in samples:
+                    samples[int(label)] = thumbnail(image)
+    result = tally.report(split, list(manifest.class_names))
     if out_dir is not None:
         _write_reports(result, os.fspath(out_dir), samples)
     log.info(
@@ -132,8 +210,6 @@ def evaluate(
 
 def _write_reports(result: EvalReport, out_dir: str, samples: dict) -> None:
     """``evaluation-<split>.json``, ``per-class-<split>.csv`` and ``confusion-<split>.png``."""
-    from chute.tools.report import draw_confusion
-
     split, per_class = result.split, result.per_class
     storage.makedirs(out_dir)
     body = dataclasses.asdict(result) | {"most_confused": result.most_confused(20)}

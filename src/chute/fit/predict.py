@@ -30,6 +30,7 @@ import numpy as np
 
 from chute import checks
 from chute.errors import ChuteError
+from chute.fit.evaluate import top_labels
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
 from chute.format.spec import ImageSpec
@@ -196,8 +197,7 @@ def predict(
         probs = np.exp(probs - probs.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
     predictions = []
-    for path, row in zip(paths, probs, strict=True):
-        order = np.argsort(-row, kind="stable")[:top_k]
+    for path, row, order in zip(paths, probs, top_labels(probs, top_k), strict=True):
         top = [(bundle.class_names[i], float(row[i])) for i in order]
         predictions.append(Prediction(path, top))
     log.info("classified %d images, %d failures", len(predictions), len(failures))

@@ -36,6 +36,8 @@ _FONT_DIRS = (
 )
 _MISSING = "\U0010fffd"  # a private-use code point no font draws: its mask is .notdef's
 _CAPTION_SIZE = 14
+HEAT_MAP_CLASSES = 30  # the confusion is a heat map up to this many classes, else pairs
+_THUMB = 48  # side of a sample image next to a confused pair
 
 
 @cache
@@ -215,8 +217,24 @@ def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> 
     return _save_png(image, out_png)
 
 
+def thumbnail(image: np.ndarray) -> np.ndarray:
+    """A sample image (HxWxC uint8) at the size :func:`draw_confusion` shows it.
+
+    Example:
+        >>> thumbnail(np.zeros((224, 224, 3), np.uint8)).shape
+        (48, 48, 3)
+    """
+    picture = Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image)
+    small = np.asarray(picture.resize((_THUMB, _THUMB), Image.Resampling.NEAREST))
+    return small[..., None] if small.ndim == 2 else small
+
+
 def draw_confusion(
-    report, out_png: str | os.PathLike, *, max_classes: int = 30, samples: dict | None = None
+    report,
+    out_png: str | os.PathLike,
+    *,
+    max_classes: int = HEAT_MAP_CLASSES,
+    samples: dict | None = None,
 ) -> str:
     """The confusion matrix as a heat map; with many classes, the most confused pairs,
     each with a sample image of both classes when ``samples`` (label -> HxWxC
@@ -224,10 +242,10 @@ def draw_confusion(
 
     ``report`` is a :class:`chute.fit.evaluate.EvalReport`.
     """
-    names, matrix = report.class_names, report.confusion
+    names = report.class_names
     if len(names) > max_classes:
         pairs = report.most_confused(25)
-        row_height, thumb = 52, 48
+        row_height, thumb = 52, _THUMB
         image, draw = _canvas(760, 40 + row_height * max(1, len(pairs)))
         draw.text(
             (10, 10),
@@ -258,7 +276,7 @@ def draw_confusion(
             )
         return _save_png(image, out_png)
     cell, left, top = 22, 170, 30
-    size = len(names)
+    size, matrix = len(names), report.confusion_matrix().tolist()
     image, draw = _canvas(left + cell * size + 10, top + cell * size + 10)
     peak = max(1, max(max(row) for row in matrix))
     for i, row in enumerate(matrix):
