@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 from helpers import make_folder, run_cli
 from PIL import Image
@@ -16,17 +15,16 @@ from chute.tools import report
 
 
 def test_help_lists_commands_without_importing_tensorflow():
+    # Fast help means not importing TensorFlow (seconds); asserted by module, not by clock.
     code = (
-        "import sys, time; t = time.perf_counter(); from chute.cli import main\n"
+        "import sys; from chute.cli import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "print('TF', 'tensorflow' in sys.modules, time.perf_counter() - t)"
+        "print('TF', 'tensorflow' in sys.modules, 'keras' in sys.modules)"
     )
-    started = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert time.perf_counter() - started < 5  # generous for a loaded CI box; real: ~0.1 s
     for command in ("convert", "inspect", "verify", "demo"):
         assert command in out.stdout
-    assert "TF False" in out.stdout
+    assert "TF False False" in out.stdout
 
 
 def test_python_dash_m_and_version():

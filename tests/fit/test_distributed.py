@@ -362,7 +362,8 @@ def test_multiworker_two_local_processes_end_with_the_same_weights(data, tmp_pat
 @pytest.mark.timeout(120)
 def test_tpu_strategy_without_a_tpu_fails_fast_before_training(data, tmp_path, monkeypatch):
     """Detection and fallback are unit-tested with fakes (test_strategy.py); here the real
-    resolver finds no TPU, and chute.train stops with a clear error before building anything."""
+    resolver finds no TPU, and chute.train stops with a clear error before building anything
+    (the timeout mark only guards against a hang; no clock is asserted)."""
     if Path("/dev/accel0").exists() or Path("/dev/vfio/0").exists():
         pytest.skip("this machine may have a TPU")
     from chute.fit import models
@@ -377,9 +378,7 @@ def test_tpu_strategy_without_a_tpu_fails_fast_before_training(data, tmp_path, m
     monkeypatch.setattr(models, "build_model", no_training)
     monkeypatch.setattr(train_module, "load", no_training)
     run = tmp_path / "run"
-    started = time.perf_counter()
     with pytest.raises(ChuteError, match="TPU") as caught:
         chute.train(data, run, model="kannada-cnn", strategy="tpu", epochs=1, verbose=0)
-    assert time.perf_counter() - started < 60
     assert "no TPU was found" in str(caught.value)
     assert not (run / "checkpoints").exists() and not (run / "bundle").exists()

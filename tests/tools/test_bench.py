@@ -1,4 +1,4 @@
-"""chute bench on a tiny folder: every loader timed, ratios and the model's bottleneck reported."""
+"""chute bench: every loader timed; ratios and the model's bottleneck follow from the timings."""
 
 from __future__ import annotations
 
@@ -7,9 +7,70 @@ import json
 import pytest
 from helpers import make_folder, run_cli
 
+from chute.tools import bench
+
+KERAS = "keras image_dataset_from_directory"
+IDG = "tf_keras ImageDataGenerator.flow_from_directory"
+
+
+def _rate(row: dict, index: int) -> float:
+    return row["images"] / row["seconds"][index]
+
+
+def test_ratios_divide_chute_passes_by_each_baselines_faster_pass():
+    rows = [
+        bench.Row("chute.load (pass 1: shards; pass 2: cache)", 1000, [2.0, 0.5], build=1.0),
+        bench.Row("chute.load, no cache", 1000, [4.0, 2.5]),
+        bench.Row("chute.image_dataset_from_directory", 1000, [5.0, 4.0]),
+        bench.Row(KERAS, 1000, [10.0, 8.0]),
+        bench.Row(IDG, 1000, [20.0, 25.0]),
+        bench.Row("in-memory Dataset.from_tensor_slices (baseline)", 1000, [0.4, 0.25]),
+    ]
+    ratios = bench._ratios(rows)
+    assert ratios == pytest.approx(
+        {
+            # keras's faster pass: 125 img/s; ImageDataGenerator's: 50 img/s
+            f"chute.load first pass / {KERAS}": 500 / 125,
+            f"chute.load first pass, no cache / {KERAS}": 250 / 125,
+            f"chute.load first pass / {IDG}": 500 / 50,
+            f"chute.load first pass, no cache / {IDG}": 250 / 50,
+            # the first pass less the 1 s build: 1000 images in 1 s
+            f"chute.load first pass without building the dataset / {KERAS}": 1000 / 125,
+            f"chute.load first pass without building the dataset / {IDG}": 1000 / 50,
+            "chute.load cached pass / from_tensor_slices": 2000 / 4000,
+            f"chute drop-in / {KERAS}": 250 / 125,
+        }
+    )
+
+
+def test_ratios_leave_out_a_baseline_that_did_not_run():
+    rows = [
+        bench.Row("chute.load (pass 1: shards; pass 2: cache)", 100, [1.0, 1.0]),
+        bench.Row("chute.load, no cache", 100, [1.0, 1.0]),
+        bench.Row("chute.image_dataset_from_directory", 100, [1.0, 1.0]),
+        bench.Row(KERAS, 100, [1.0, 1.0]),
+        bench.Row("in-memory Dataset.from_tensor_slices (baseline)", 100, [1.0, 1.0]),
+    ]
+    assert not any(IDG in name for name in bench._ratios(rows))
+
+
+@pytest.mark.parametrize(
+    ("first_rate", "bottleneck", "feed"),
+    [(300.0, "input pipeline", 0.75), (600.0, "model compute", 1.5)],
+)
+def test_the_slower_side_is_named_the_bottleneck(first_rate, bottleneck, feed):
+    figures = bench._feed_figures("M", train_rate=400.0, first_rate=first_rate, cached_rate=800.0)
+    assert figures == {
+        "model": "M",
+        "train_images_per_s": 400,
+        "feed_ratio_first_pass": feed,
+        "feed_ratio_cached": 2.0,
+        "bottleneck": bottleneck,
+    }
+
 
 @pytest.mark.slow
-def test_bench_times_every_loader_and_names_the_bottleneck(tmp_path):
+def test_bench_times_every_loader_and_reports_figures_that_follow_from_the_timings(tmp_path):
     src = make_folder(tmp_path / "src", {"a": 20, "b": 20}, size=(40, 40))
     out = tmp_path / "figures.json"
     result = run_cli(
@@ -28,26 +89,39 @@ def test_bench_times_every_loader_and_names_the_bottleneck(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     figures = json.loads(out.read_text())
-    names = [row["name"] for row in figures["loaders"]]
-    assert names[0].startswith("chute.load") and "keras image_dataset_from_directory" in names
-    assert "chute.image_dataset_from_directory" in names
-    assert any(name.startswith("in-memory Dataset.from_tensor_slices") for name in names)
+    rows = {row["name"].split(" (")[0]: row for row in figures["loaders"]}
+    assert figures["loaders"][0]["name"].startswith("chute.load")
+    for name in ("chute.load, no cache", "chute.image_dataset_from_directory", KERAS):
+        assert name in rows
+    assert "in-memory Dataset.from_tensor_slices" in rows
     for row in figures["loaders"]:
-        assert len(row["images_per_s"]) == 2 and min(row["images_per_s"]) > 0
-    assert "chute.load cached pass / from_tensor_slices" in figures["ratios"]
-    assert (
-        figures["ratios"]["chute.load first pass, no cache / keras image_dataset_from_directory"]
-        > 0
-    )
-    reading = (
-        "chute.load first pass without building the dataset / keras image_dataset_from_directory"
-    )
-    with_build = "chute.load first pass / keras image_dataset_from_directory"
-    assert figures["ratios"][reading] >= figures["ratios"][with_build] > 0
-    first = figures["loaders"][0]
-    assert 0 < first["build_seconds"] < first["seconds"][0]
-    assert figures["model"]["bottleneck"] in ("input pipeline", "model compute")
-    assert "the bottleneck is the" in result.stdout and "chute.load first pass /" in result.stdout
+        # 40 images, batches of 8: every loader saw every image, twice
+        assert row["images"] == 40 and len(row["seconds"]) == 2
+        assert row["images_per_s"] == pytest.approx([_rate(row, 0), _rate(row, 1)], rel=1e-3, abs=1)
+
+    # Each ratio recomputed from the timings the JSON reports (to the microsecond).
+    load = figures["loaders"][0]
+    best = {name: max(_rate(row, 0), _rate(row, 1)) for name, row in rows.items()}
+    reading = load["images"] / (load["seconds"][0] - load["build_seconds"])
+    expected = {
+        f"chute.load first pass / {KERAS}": _rate(load, 0) / best[KERAS],
+        f"chute.load first pass, no cache / {KERAS}": _rate(rows["chute.load, no cache"], 0)
+        / best[KERAS],
+        f"chute.load first pass without building the dataset / {KERAS}": reading / best[KERAS],
+        "chute.load cached pass / from_tensor_slices": _rate(load, 1)
+        / best["in-memory Dataset.from_tensor_slices"],
+        f"chute drop-in / {KERAS}": best["chute.image_dataset_from_directory"] / best[KERAS],
+    }
+    for name, value in expected.items():
+        assert figures["ratios"][name] == pytest.approx(value, rel=0.02, abs=0.01), name
+
+    model = figures["model"]
+    feed = _rate(load, 0) / model["train_images_per_s"]
+    assert model["feed_ratio_first_pass"] == pytest.approx(feed, rel=0.05, abs=0.01)
+    assert model["bottleneck"] == ("input pipeline" if feed < 1 else "model compute")
+    assert f"the bottleneck is the {model['bottleneck']}" in result.stdout
+    first = f"chute.load first pass / {KERAS}"
+    assert f"{first}: {figures['ratios'][first]}x" in result.stdout
 
 
 def test_bench_rejects_a_source_that_is_not_a_folder(tmp_path):

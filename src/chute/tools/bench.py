@@ -149,8 +149,8 @@ def run(
             {
                 "name": r.name,
                 "images": r.images,
-                "seconds": [round(s, 4) for s in r.seconds],
-                "build_seconds": round(r.build, 4),
+                "seconds": [round(s, 6) for s in r.seconds],
+                "build_seconds": round(r.build, 6),
                 "images_per_s": [round(x) for x in r.rates],
             }
             for r in rows
@@ -266,6 +266,11 @@ def _model_figures(name, size, channels, batch_size, first_rate, cached_rate) ->
     for _ in range(steps):
         model.train_on_batch(x, y)
     train_rate = steps * batch_size / (time.perf_counter() - started)
+    return _feed_figures(name, train_rate, first_rate, cached_rate)
+
+
+def _feed_figures(name: str, train_rate: float, first_rate: float, cached_rate: float) -> dict:
+    """How many times the model's appetite the input feeds, and which side is slower."""
     feed = first_rate / train_rate
     return {
         "model": name,
