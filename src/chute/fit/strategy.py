@@ -1,14 +1,21 @@
 """Which accelerator is here, and the ``tf.distribute`` strategy, precision and batch for it.
 
-Detection order for ``kind="auto"``: a TPU found through
-``TPUClusterResolver`` (``--tpu ADDRESS``, ``TPU_NAME``, Colab's
-``COLAB_TPU_ADDR``, or a TPU VM / Kaggle TPU that the resolver finds by
-itself) is connected, initialised and used through ``TPUStrategy``; else
-``TF_CONFIG`` naming several workers gives ``MultiWorkerMirroredStrategy``;
-else several GPUs give ``MirroredStrategy`` and one GPU ``OneDeviceStrategy``;
-else the CPU. Detection (:func:`detect`) is separate from building the
-strategy (:func:`make_strategy`), so its logic is tested with the resolver
-and device lists faked.
+Detection order for ``kind="auto"``:
+
+1. A TPU, connected, initialised and used through ``TPUStrategy``. Its
+   ``TPUClusterResolver`` is the first of: the TPU named by ``--tpu``, by
+   ``TPU_NAME`` (a TPU node, or a multi-host pod slice) or by Colab's
+   ``COLAB_TPU_ADDR`` (a TPU node); a TPU attached to this host (a TPU VM, and
+   Colab's and Kaggle's TPU runtimes, see :func:`local_tpu`) as ``tpu="local"``,
+   since without a name the resolver only asks for one; else whatever
+   ``TPUClusterResolver()`` finds by itself.
+2. ``TF_CONFIG`` naming several workers: ``MultiWorkerMirroredStrategy``.
+3. Several GPUs: ``MirroredStrategy``; one GPU: ``OneDeviceStrategy``.
+4. The CPU.
+
+Which TPU case was taken, or why none was found, is logged. Detection
+(:func:`detect`) is separate from building the strategy (:func:`make_strategy`),
+so its logic is tested with the environment, devices and resolver faked.
 
 Example:
     >>> strategy = auto_strategy()  # doctest: +SKIP
@@ -19,10 +26,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from chute import checks
@@ -91,15 +100,83 @@ def worker_index(environ: Mapping[str, str] | None = None) -> int:
     return index if task.get("type") in ("worker", None) else 0
 
 
-def _find_tpu(address: str | None, environ: Mapping[str, str], resolve_tpu: Callable) -> Any:
-    address = address or environ.get("TPU_NAME") or environ.get("COLAB_TPU_ADDR")
-    if address and "://" not in address and environ.get("COLAB_TPU_ADDR") == address:
-        address = f"grpc://{address}"
+def _has_libtpu() -> bool:
+    return importlib.util.find_spec("libtpu") is not None  # found, not imported
+
+
+def local_tpu(
+    environ: Mapping[str, str] | None = None,
+    *,
+    dev: str | os.PathLike = "/dev",
+    has_libtpu: Callable[[], bool] = _has_libtpu,
+) -> tuple[bool, str]:
+    """Whether a TPU is attached to this host, and why (or why not).
+
+    TPU VMs, and the Colab and Kaggle TPU runtimes built on them, attach the TPU
+    to the host: it has no name, ``TPUClusterResolver()`` asks for one, and
+    ``TPUClusterResolver(tpu="local")`` connects to it. Such a host sets the TPU
+    worker variables (``TPU_ACCELERATOR_TYPE``, ``TPU_WORKER_ID``), or has the TPU
+    runtime (the ``libtpu`` package) and TPU chips among its devices.
+
+    Args:
+        environ: the environment to read (default: ``os.environ``).
+        dev: the device folder holding the chips (``accel0``, …; ``vfio/0``, … from v5e on).
+        has_libtpu: whether the ``libtpu`` package is installed.
+
+    Returns:
+        ``(attached, why)``, ``why`` saying what was seen, for the log.
+
+    Example:
+        >>> local_tpu({"TPU_ACCELERATOR_TYPE": "v5litepod-8"})
+        (True, 'TPU_ACCELERATOR_TYPE=v5litepod-8')
+        >>> local_tpu({}, has_libtpu=lambda: False)
+        (False, 'no libtpu, TPU_ACCELERATOR_TYPE or TPU_WORKER_ID')
+    """
+    environ = os.environ if environ is None else environ
+    for name in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID"):
+        if environ.get(name):
+            return True, f"{name}={environ[name]}"
+    if not has_libtpu():
+        return False, "no libtpu, TPU_ACCELERATOR_TYPE or TPU_WORKER_ID"
+    # vfio/vfio is VFIO's control file on any VFIO host; the chips are its numbered groups.
+    chips = sorted([*Path(dev).glob("accel*"), *Path(dev).glob("vfio/[0-9]*")])
+    if not chips:
+        return False, f"libtpu installed, but no TPU chip in {dev} (accel*, vfio/N)"
+    return True, f"libtpu, {chips[0]}"
+
+
+def _find_tpu(
+    address: str | None,
+    environ: Mapping[str, str],
+    resolve_tpu: Callable[[str | None], Any],
+    find_local_tpu: Callable[[Mapping[str, str]], tuple[bool, str]],
+) -> tuple[Any, str]:
+    """The TPU's resolver (None: no TPU) and how it was found, or why not."""
+    colab = environ.get("COLAB_TPU_ADDR")
+    if address:
+        how = f"--tpu {address}"
+    elif environ.get("TPU_NAME"):  # a TPU node or a multi-host slice: by its name
+        address = environ["TPU_NAME"]
+        how = f"TPU_NAME={address}"
+    elif colab:
+        address, how = colab, f"COLAB_TPU_ADDR={colab}"
+    else:
+        attached, why = find_local_tpu(environ)
+        if attached:
+            address, how = "local", f"attached to this host ({why})"
+        else:  # last resort: whatever the resolver finds without a name
+            how = f"no --tpu, TPU_NAME or COLAB_TPU_ADDR; {why}"
+    if colab and address == colab and "://" not in colab:
+        address = f"grpc://{colab}"  # Colab gives host:port; the resolver wants an address
     try:
-        return resolve_tpu(address)
+        resolver = resolve_tpu(address)
     except (ValueError, KeyError, RuntimeError, OSError) as error:
-        log.debug("no TPU found (%s)", error)
-        return None
+        why = f"{how}; TPUClusterResolver(tpu={address!r}): {error}"
+        # A TPU was pointed at but failed: a warning, as training falls back to GPUs or the CPU.
+        log.log(logging.WARNING if address else logging.INFO, "TPU: none found (%s)", why)
+        return None, why
+    log.info("TPU: %s", how if address else "found by TPUClusterResolver() without a name")
+    return resolver, how
 
 
 def _default_resolver(address: str | None) -> Any:
@@ -107,6 +184,26 @@ def _default_resolver(address: str | None) -> Any:
     if not resolver.cluster_spec().as_dict() and not address:
         raise ValueError("no TPU cluster")
     return resolver
+
+
+def count_hosts(strategy: Any) -> int:
+    """Hosts a strategy's replicas live on, each with its own input pipeline: the
+    workers of ``MultiWorkerMirroredStrategy``, the hosts of a TPU pod slice (the
+    ``worker`` tasks its resolver names), else 1.
+
+    Example:
+        >>> count_hosts(tf.distribute.OneDeviceStrategy("/cpu:0"))  # doctest: +SKIP
+        1
+    """
+    kind = getattr(strategy, "chute_kind", None)
+    if kind == "multiworker":
+        return count_workers()
+    if kind == "tpu":
+        resolver = getattr(strategy, "cluster_resolver", None)
+        spec = resolver.cluster_spec() if resolver is not None else None
+        jobs = spec.jobs if spec is not None else []
+        return max(1, spec.num_tasks("worker")) if "worker" in jobs else 1
+    return 1
 
 
 def count_gpus() -> int:
@@ -125,15 +222,18 @@ def detect(
     environ: Mapping[str, str] | None = None,
     list_gpus: Callable[[], int] = _default_gpus,
     resolve_tpu: Callable[[str | None], Any] = _default_resolver,
+    find_local_tpu: Callable[[Mapping[str, str]], tuple[bool, str]] = local_tpu,
 ) -> Plan:
     """Decides which strategy to build, without building it.
 
     Args:
         kind: ``"auto"``, or insist on ``"tpu"``, ``"gpu"``, ``"cpu"`` or ``"multiworker"``.
         tpu: a TPU name or ``grpc://`` address (default: from the environment).
-        environ: the environment to read (``TPU_NAME``, ``COLAB_TPU_ADDR``, ``TF_CONFIG``).
+        environ: the environment to read (``TPU_NAME``, ``COLAB_TPU_ADDR``, ``TF_CONFIG``,
+            and what :func:`local_tpu` reads).
         list_gpus: returns how many GPUs there are.
-        resolve_tpu: returns a ``TPUClusterResolver`` for an address, or raises.
+        resolve_tpu: returns a ``TPUClusterResolver`` for an address (or ``"local"``), or raises.
+        find_local_tpu: says whether a TPU is attached to this host, and why (:func:`local_tpu`).
 
     Raises:
         ChuteError: a kind was insisted on and is not here.
@@ -141,12 +241,12 @@ def detect(
     checks.one_of("strategy", kind, KINDS)
     environ = os.environ if environ is None else environ
     if kind in ("auto", "tpu"):
-        resolver = _find_tpu(tpu, environ, resolve_tpu)
+        resolver, why = _find_tpu(tpu, environ, resolve_tpu, find_local_tpu)
         if resolver is not None:
             return Plan("tpu", tpu=resolver)
         if kind == "tpu":
             raise ChuteError(
-                "`strategy` is 'tpu' but no TPU was found. Received: tpu="
+                f"`strategy` is 'tpu' but no TPU was found ({why}). Received: tpu="
                 f"{tpu or environ.get('TPU_NAME')!r}; pass --tpu NAME or set TPU_NAME"
             )
     workers = _workers(environ)
@@ -172,7 +272,7 @@ def detect(
 def make_strategy(plan: Plan) -> Any:
     """Builds (for a TPU: connects and initialises) the strategy of a :class:`Plan`."""
     if plan.kind == "tpu":
-        tf.config.experimental_connect_to_cluster(plan.tpu)
+        tf.config.experimental_connect_to_cluster(plan.tpu)  # a no-op for tpu="local"
         tf.tpu.experimental.initialize_tpu_system(plan.tpu)
         return tf.distribute.TPUStrategy(plan.tpu)
     if plan.kind == "multiworker":
