@@ -11,6 +11,10 @@ each finished shard leaves a small note in ``OUT/.chute-work``; running the
 same command again after a crash keeps the finished shards and redoes the
 rest, with the same bytes as an uninterrupted run. The manifest is written
 last and the work folder removed after it.
+
+With ``runner`` (Apache Beam, see :mod:`chute.ingest.beam`) this process
+still scans, plans and finishes (the same functions below); Beam encodes the
+images and writes the shards and their notes, with the same bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from chute import collector
@@ -84,6 +88,8 @@ def convert(
     overwrite: bool = False,
     allow_outside: bool = False,
     progress: ProgressFn | None = None,
+    runner: str | None = None,
+    pipeline_args: Sequence[str] | Any = None,
     **option_values: Any,
 ) -> ConvertResult:
     """Converts an image-classification dataset into sharded TFRecords and a manifest.
@@ -100,6 +106,14 @@ def convert(
         overwrite: replace an existing conversion made with other options.
         allow_outside: let a list name files outside its own folder.
         progress: called as ``progress(phase, done, total)`` while working.
+        runner: encode and write on Apache Beam (``pip install chute[beam]``):
+            ``"DirectRunner"``, ``"DataflowRunner"``, ``"FlinkRunner"`` or
+            ``"SparkRunner"``. This process still scans the source, reads headers
+            (``workers`` processes) and plans the shards; the output is the same
+            bytes as without a runner. Default: no Beam, local worker processes.
+        pipeline_args: Beam pipeline options, as command-line flags
+            (``["--project=my-project", "--region=us-central1",
+            "--temp_location=gs://my-bucket/tmp"]``) or a Beam ``PipelineOptions``.
 
     Returns:
         A :class:`ConvertResult` with the manifest.
@@ -112,6 +126,10 @@ def convert(
         ...                  color_mode="grayscale", val_fraction=0.01)  # doctest: +SKIP
         >>> result.num_written  # doctest: +SKIP
         {'train': 25844, 'val': 261}
+        >>> convert("gs://my-bucket/images", "gs://my-bucket/shards", image_size=224,
+        ...         runner="DataflowRunner", pipeline_args=["--project=my-project",
+        ...         "--region=us-central1", "--temp_location=gs://my-bucket/tmp",
+        ...         "--requirements_file=requirements.txt"])  # doctest: +SKIP
     """
     started = time.perf_counter()
     if options is not None and option_values:
@@ -122,8 +140,15 @@ def convert(
     if options is None:
         options = ConvertOptions.from_dict(option_values)
     workers = worker_pool.check_workers(workers)
+    beam = None
+    if runner is not None or pipeline_args is not None:
+        from chute.ingest.beam import BeamJob
+
+        beam = BeamJob(runner, pipeline_args)  # checked (and Beam imported) before any work
     source, output = os.fspath(source), os.fspath(output).rstrip("/") or "/"
     _check_not_inside(source, output)
+    if beam is not None:
+        beam.check_paths(source, output)
 
     # No cycles worth collecting are made here; a full collection walks every object.
     with collector.paused():
@@ -136,6 +161,8 @@ def convert(
             len(found.class_names),
             found.kind,
         )
+        if beam is not None:
+            beam.check_source(found)
         files = resume.listing(found)
         with resume.locked(output):
             done = resume.existing_state(source, output, options, overwrite, files)
@@ -146,7 +173,15 @@ def convert(
             processes = workers if len(found.items) > ENCODE_CHUNK else 1
             with worker_pool.start_pool(processes, on_crash=_crashed) as pool:
                 spec, shards, rejects = _plan(found, options, pool, progress)
-                written = _write_shards(found, shards, spec, output, options, pool, progress)
+                notes = _start_writing(found, shards, spec, output, options, beam is None)
+                if beam is None:
+                    written = _write_shards(
+                        found, shards, notes, spec, output, options, pool, progress
+                    )
+            if beam is not None:  # Beam encodes and writes the rest; the notes tell the manifest
+                resumed = sum(note is not None for note in notes.values())
+                notes = beam.write_shards(found, shards, notes, spec, output, options)
+                written = _account(found, shards, notes, resumed, progress)
             manifest = _finish(found, spec, options, written, rejects, files, output)
     return ConvertResult(
         manifest, output, resumed_shards=written.resumed, seconds=time.perf_counter() - started
@@ -255,21 +290,17 @@ class _Written:
     resumed: int
 
 
-def _write_shards(
+def _start_writing(
     found: sources.Source,
     plan: list[plan_lib.Shard],
     spec: ImageSpec,
     output: str,
     options: ConvertOptions,
-    pool,
-    progress: ProgressFn | None,
-) -> _Written:
-    """Writes the shards in plan order; shards an earlier run finished are replayed.
-
-    Each shard's note records, per item, its content hash and fate (kept,
-    dropped as a leak, or the reject reason), so a resumed run rebuilds the
-    same LeakGuard, fingerprint and rejects without reading those images again.
-    """
+    check_sha256: bool = True,
+) -> dict[str, dict | None]:
+    """Stamps the work folder with the plan; returns each shard's note from an earlier
+    run of the same plan (None for the shards to write). ``check_sha256``: re-read a
+    finished shard to check it (else its size is checked)."""
     layout = hashlib.sha256(
         json.dumps(
             [
@@ -286,12 +317,33 @@ def _write_shards(
     }
     resume.start_work(output, stamp)
     resume.remove_orphans(output, {shard.name for shard in plan})
-    notes = {shard.name: resume.load_done(output, shard.name) for shard in plan}
+    notes = {
+        shard.name: resume.load_done(output, shard.name, check_sha256=check_sha256)
+        for shard in plan
+    }
+    kept = sum(note is not None for note in notes.values())
+    if kept:
+        log.info("resuming: %d of %d shards were already complete", kept, len(plan))
+    return notes
+
+
+def _write_shards(
+    found: sources.Source,
+    plan: list[plan_lib.Shard],
+    notes: dict[str, dict | None],
+    spec: ImageSpec,
+    output: str,
+    options: ConvertOptions,
+    pool,
+    progress: ProgressFn | None,
+) -> _Written:
+    """Writes the shards without a note, in plan order; the others are replayed.
+
+    Each shard's note records, per item, its content hash and fate (kept,
+    dropped as a leak, or the reject reason), so a resumed run rebuilds the
+    same LeakGuard, fingerprint and rejects without reading those images again.
+    """
     todo = [shard for shard in plan if notes[shard.name] is None]
-    if len(todo) < len(plan):
-        log.info(
-            "resuming: %d of %d shards were already complete", len(plan) - len(todo), len(plan)
-        )
     tasks = (
         (
             [
@@ -308,29 +360,53 @@ def _write_shards(
     written = _Written({}, [], LeakGuard(), hashlib.sha256(), len(plan) - len(todo))
     total, finished = sum(len(s.indices) for s in plan), 0
     for shard in plan:
-        note = notes[shard.name]
+        note, replay = notes[shard.name], notes[shard.name] is not None
         if note is None:
             note = _write_shard(found, shard, output, results, written.guard)
-        else:
-            for index, (digest, fate) in zip(shard.indices, note["outcomes"], strict=True):
-                if fate in (_KEPT, _LEAK):  # what the guard saw when the shard was written
-                    item = found.items[index]
-                    written.guard.admit(bytes.fromhex(digest), item.key, item.label, shard.split)
-        for index, (digest, fate) in zip(shard.indices, note.pop("outcomes"), strict=True):
-            item = found.items[index]
-            written.fingerprint.update(
-                f"{item.key}\0{item.label}\0{shard.split}\0{digest}\0".encode()
-            )
-            if fate not in (_KEPT, _LEAK):
-                written.rejects.append({"key": item.key, "reason": fate})
-        written.infos[shard.name] = note
+        _add_shard(written, found, shard, note, replay=replay)
         finished += len(shard.indices)
         if progress:
             progress("write", finished, total)
     return written
 
 
-_KEPT, _LEAK = "", "leak"
+def _account(
+    found: sources.Source,
+    plan: list[plan_lib.Shard],
+    notes: dict[str, dict],
+    resumed: int,
+    progress: ProgressFn | None,
+) -> _Written:
+    """What the shards hold, from the notes of shards written elsewhere (by Beam)."""
+    written = _Written({}, [], LeakGuard(), hashlib.sha256(), resumed)
+    total, finished = sum(len(s.indices) for s in plan), 0
+    for shard in plan:
+        _add_shard(written, found, shard, dict(notes[shard.name]), replay=True)
+        finished += len(shard.indices)
+        if progress:
+            progress("write", finished, total)
+    return written
+
+
+def _add_shard(
+    written: _Written,
+    found: sources.Source,
+    shard: plan_lib.Shard,
+    note: dict,
+    *,
+    replay: bool,
+) -> None:
+    """Adds a finished shard's note to the fingerprint, rejects and manifest entries;
+    with ``replay``, also feeds the LeakGuard what it saw when the shard was written
+    (its duplicates report; a shard written here fed it already)."""
+    for index, (digest, fate) in zip(shard.indices, note.pop("outcomes"), strict=True):
+        item = found.items[index]
+        if replay and fate in (resume.KEPT, resume.LEAK):
+            written.guard.admit(bytes.fromhex(digest), item.key, item.label, shard.split)
+        written.fingerprint.update(f"{item.key}\0{item.label}\0{shard.split}\0{digest}\0".encode())
+        if fate not in (resume.KEPT, resume.LEAK):
+            written.rejects.append({"key": item.key, "reason": fate})
+    written.infos[shard.name] = note
 
 
 def _write_shard(
@@ -352,9 +428,9 @@ def _write_shard(
                 elif guard.admit(encoded.digest, item.key, item.label, shard.split):
                     kept.append(encoded.record)
                     labels.append(item.label)
-                    outcomes.append((digest, _KEPT))
-                else:
-                    outcomes.append((digest, _LEAK))  # its content is already in a higher split
+                    outcomes.append((digest, resume.KEPT))
+                else:  # its content is already in a higher split
+                    outcomes.append((digest, resume.LEAK))
             writer.write(b"".join(kept), labels)
     note = dict(writer.info, split=shard.split, outcomes=outcomes)
     resume.save_done(output, shard.name, note)

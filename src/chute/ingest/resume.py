@@ -37,6 +37,9 @@ REJECTS_NAME = "rejects.csv"
 SOURCE_FILES = "source-files.csv"
 LOCK_NAME = ".chute-lock"
 _PLAN = "plan.json"
+# A shard note's fate of an item besides a reject reason: written, or dropped because
+# its content is already in a higher split (see chute.ingest.split.LeakGuard).
+KEPT, LEAK = "", "leak"
 
 
 @contextlib.contextmanager
@@ -183,11 +186,15 @@ def existing_state(
     if not storage.check_output(output, "output"):
         return None
     wanted = {"source": source, "options": options.to_dict()}
+    defaults = type(options)().to_dict()  # options added since: their defaults were in force
     manifest_file = storage.join(output, manifest_lib.MANIFEST_NAME)
     plan_file = storage.join(output, WORK_DIR, _PLAN)
     if storage.exists(manifest_file):
         existing = manifest_lib.load(output)
-        previous = {"source": existing.source.get("location"), "options": existing.options}
+        previous = {
+            "source": existing.source.get("location"),
+            "options": {**defaults, **(existing.options or {})},
+        }
         if previous == wanted and not overwrite:
             changes = _changes(output, files or [])
             if not changes:
@@ -201,7 +208,10 @@ def existing_state(
             )
     elif storage.exists(plan_file):
         stored = json.loads(storage.read_bytes(plan_file))
-        previous = {"source": stored.get("source"), "options": stored.get("options")}
+        previous = {
+            "source": stored.get("source"),
+            "options": {**defaults, **(stored.get("options") or {})},
+        }
         if previous == wanted and not overwrite:
             return None  # resume
     else:
@@ -260,9 +270,10 @@ def remove_work_dir(output: str) -> None:
     storage.remove_if_exists(storage.join(output, WORK_DIR))
 
 
-def load_done(output: str, name: str) -> dict | None:
+def load_done(output: str, name: str, *, check_sha256: bool = True) -> dict | None:
     """The note of a shard finished by an earlier run, if the shard is really there, with
-    the size and sha256 the note recorded."""
+    the size and (unless not ``check_sha256``: a shard renamed into place before its
+    note was written, on a bucket) the sha256 the note recorded."""
     note = storage.join(output, WORK_DIR, name + ".json")
     shard = storage.join(output, name)
     if not (storage.exists(note) and storage.exists(shard)):
@@ -270,6 +281,8 @@ def load_done(output: str, name: str) -> dict | None:
     info = json.loads(storage.read_bytes(note))
     if storage.size(shard) != info["bytes"]:
         return None
+    if not check_sha256:
+        return info
     digest = hashlib.sha256()
     with storage.open_file(shard, "rb") as handle:
         while block := handle.read(8 << 20):

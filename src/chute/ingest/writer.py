@@ -23,12 +23,18 @@ class ShardWriter:
     writer keeps the sha256, size, record count and per-class counts the
     manifest needs. On an error inside the ``with`` block the partial file is
     deleted; on success its data reach the disk before the rename.
+
+    The temporary file is ``tmp_dir/NAME.partial`` (beside the shard without
+    ``tmp_dir``), or ``tmp_name`` there: a name of its own per attempt lets two
+    writers of the same shard (a Beam bundle retried while the first attempt
+    still runs) finish in either order, each renaming identical bytes into place.
     """
 
-    def __init__(self, path: str, *, tmp_dir: str | None = None):
+    def __init__(self, path: str, *, tmp_dir: str | None = None, tmp_name: str | None = None):
         self.path = path
         name = storage.basename(path)
-        self._tmp = storage.join(tmp_dir, name + ".partial") if tmp_dir else path + ".partial"
+        tmp_name = tmp_name or name + ".partial"
+        self._tmp = storage.join(tmp_dir, tmp_name) if tmp_dir else path[: -len(name)] + tmp_name
         self._hash = hashlib.sha256()
         self._bytes = 0
         self._class_counts: collections.Counter[int] = collections.Counter()
