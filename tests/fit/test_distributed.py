@@ -14,6 +14,8 @@ import contextlib
 import json
 import math
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_folder
+from helpers import make_folder, write_image
 
 import chute
 from chute import ChuteError
@@ -353,6 +355,350 @@ def test_multiworker_two_local_processes_end_with_the_same_weights(data, tmp_pat
         f"weights {differing} differ between the workers: {results[0]} vs {results[1]}"
     )
     assert math.isclose(results[0]["sum_abs"], results[1]["sum_abs"], rel_tol=1e-6)
+
+
+# --- Per-host input: each worker reads its own share of the shards -----------------------------
+
+READER_SCRIPT = """
+import hashlib, json, logging, sys
+import tensorflow as tf
+import chute
+
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+data = sys.argv[1]
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+dataset = chute.load(data, batch_size=4, training=True, strategy=strategy, seed=1)
+keys, batches = [], 0
+for batch in dataset:
+    batches += 1
+    images, labels = (strategy.experimental_local_results(t)[0].numpy() for t in batch)
+    for image, label in zip(images, labels):
+        keys.append(f"{int(label)}:{hashlib.sha256(image.tobytes()).hexdigest()[:16]}")
+print("CHUTE_RESULT " + json.dumps({"batches": batches, "keys": keys}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def sixteen_shards(tmp_path_factory) -> Path:
+    """160 records in 16 train shards of 10."""
+    root = tmp_path_factory.mktemp("sixteen")
+    src = make_folder(root / "src", {"a": 80, "b": 80}, size=(4, 4))
+    chute.convert(src, root / "shards", workers=1, min_shards=16, encoding="raw")
+    return root / "shards"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("workers", "shards"), [(2, [8, 8]), (3, [6, 5, 5])])
+def test_each_worker_reads_its_own_shards_for_the_same_number_of_steps(
+    sixteen_shards, tmp_path, workers, shards
+):
+    script = tmp_path / "reader.py"
+    script.write_text(textwrap.dedent(READER_SCRIPT))
+    ports = _free_ports(workers)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    logs = [tmp_path / f"reader{i}" for i in range(workers)]
+    procs: list[subprocess.Popen] = []
+    try:
+        for index in range(workers):
+            tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+            env = _env(TF_CONFIG=json.dumps(tf_config))
+            procs.append(_start(script, sixteen_shards, env=env, log=logs[index]))
+        for proc in procs:
+            proc.wait(timeout=240)
+    finally:
+        for proc in procs:
+            _stop(proc)
+    report = "\n".join(f"== worker {i}:\n{_errors(log)}" for i, log in enumerate(logs))
+    assert [proc.returncode for proc in procs] == [0] * workers, report
+    results = [_result(log) for log in logs]
+    steps = min(shards) * 10 // 4  # the smallest share's full batches of 4
+    for index, result in enumerate(results):
+        assert result["batches"] == steps, (index, result["batches"])  # no host waits
+        line = f"input pipeline {index} of {workers} reads {shards[index]} shard(s)"
+        assert line in logs[index].with_suffix(".err").read_text(), report
+    sets = [set(result["keys"]) for result in results]
+    assert sum(len(keys) for keys in sets) == len(set().union(*sets)) == workers * steps * 4
+
+
+# --- Multi-worker resume ---------------------------------------------------------------------
+
+# Each worker backs up every epoch on its own (chute.fit.loop). A restarted run first agrees on
+# the last epoch all of them backed up: a worker killed after the chief's backup of an epoch and
+# before its own restarts one epoch behind, and workers resuming from different epochs would run
+# different numbers of steps (the one with more waits forever in a collective).
+
+
+def _tiny_training_state():
+    """A model, its optimizer and epoch counter in a checkpoint, as the loop keeps them."""
+    import keras
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam(0.1)
+    optimizer.build(model.trainable_variables)
+    epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+    return model, epoch, tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
+
+
+def test_a_worker_ahead_resumes_from_the_epoch_every_worker_backed_up(tmp_path):
+    """The chief backed up epochs 1-3, another worker only 1-2: the chief goes back to
+    epoch 2 (weights, epoch, history), and keeps it as its latest backup, so that another
+    interruption before it backs up epoch 3 anew does not take the given-up epoch 3."""
+    from chute.fit import loop
+
+    backup = str(tmp_path / "backup")
+    history_file = str(tmp_path / "backup" / "history.json")
+    model, epoch, checkpoint = _tiny_training_state()
+    manager = loop._manager(checkpoint, backup)
+    history: dict[str, list[float]] = {"loss": []}
+    for done in (1, 2, 3):
+        model.set_weights([np.full(w.shape, done, np.float32) for w in model.get_weights()])
+        epoch.assign(done)
+        history["loss"].append(float(done))
+        loop._back_up(manager, history_file, history, done)
+
+    for latest in (3, 2):  # restarted; then restarted again before it backed up epoch 3
+        model, epoch, checkpoint = _tiny_training_state()  # a fresh process
+        manager = loop._manager(checkpoint, backup)
+        assert loop._backed_up(manager) == latest
+        assert loop._resume(checkpoint, manager, history_file, 2) == {"loss": [1.0, 2.0]}
+        assert int(epoch.numpy()) == 2
+        assert all(np.all(np.asarray(w) == 2) for w in model.get_weights())
+        assert loop._backed_up(manager) == 2
+
+
+def test_a_worker_ahead_of_one_without_a_backup_starts_afresh(tmp_path):
+    """The other worker died before its first backup: the chief keeps the weights it was
+    built with (broadcast to every worker), and epoch 0 becomes its latest backup."""
+    from chute.fit import loop
+
+    backup = str(tmp_path / "backup")
+    history_file = str(tmp_path / "backup" / "history.json")
+    model, epoch, checkpoint = _tiny_training_state()
+    start = [np.asarray(w).copy() for w in model.get_weights()]
+    manager = loop._manager(checkpoint, backup)
+    model.set_weights([w + 1 for w in start])
+    epoch.assign(1)
+    loop._back_up(manager, history_file, {"loss": [0.5]}, 1)
+    model.set_weights(start)  # as built again in a fresh process
+    epoch.assign(0)
+
+    assert loop._resume(checkpoint, manager, history_file, 0) == {}
+    assert int(epoch.numpy()) == 0
+    assert all(np.array_equal(w, s) for w, s in zip(model.get_weights(), start, strict=True))
+    assert loop._backed_up(manager) == 0
+
+
+def test_restore_point_is_the_agreed_epochs_backup_or_a_clear_error():
+    from chute.fit import loop
+
+    kept = ["run/backup/ckpt-2", "run/backup/ckpt-3"]
+    assert loop._restore_point(kept, 3) == "run/backup/ckpt-3"
+    assert loop._restore_point(kept, 2) == "run/backup/ckpt-2"
+    assert loop._restore_point([], 0) is None
+    with pytest.raises(ChuteError, match=r"epoch 1, .* keeps epochs \[2, 3\]"):
+        loop._restore_point(kept, 1)
+
+
+def test_agreed_epoch_of_a_single_worker_is_its_own():
+    import tensorflow as tf
+
+    from chute.fit import loop
+
+    assert loop._agreed_epoch(tf.distribute.get_strategy(), 3) == 3
+    assert loop._agreed_epoch(tf.distribute.OneDeviceStrategy("/cpu:0"), 0) == 0
+
+
+RESUME_EPOCHS = 4
+
+# Trains the same run as every attempt of the kill-and-resume tests. STALL_BACKUP=n (first
+# attempt, worker 1 only) makes that worker's n-th backup never end, like a stuck write to a
+# bucket: it is killed there, after the chief backed up the same epoch.
+RESUME_SCRIPT = """
+import json, os, sys, time
+import keras
+import numpy as np
+import tensorflow as tf
+import chute
+
+data, run_dir, seed, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+stall = int(os.environ.get("STALL_BACKUP", "0"))
+if stall:
+    real_save, saves = tf.train.CheckpointManager.save, []
+
+    def save(self, *args, **kwargs):
+        saves.append(1)
+        if len(saves) == stall:
+            time.sleep(600)
+        return real_save(self, *args, **kwargs)
+
+    tf.train.CheckpointManager.save = save
+result = chute.train(data, run_dir, model="kannada-cnn", strategy="multiworker", epochs=epochs,
+                     batch_size=8, learning_rate=3e-3, seed=seed, verbose=0)
+model = keras.models.load_model(f"{result.run_dir}/checkpoints/last.keras")
+print("CHUTE_RESULT " + json.dumps({
+    "epochs_run": result.epochs_run,
+    "resumed": result.resumed,
+    "final": result.final,
+    "sum_abs": float(sum(np.abs(np.asarray(w, np.float64)).sum() for w in model.get_weights())),
+}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def learnable(tmp_path_factory) -> Path:
+    """3 classes of 16x16 grayscale images told apart by brightness (pixels ~ N(40 + 85k, 12)):
+    train 405, val 135, in shards split evenly between 2 workers (25 steps of 8 an epoch each).
+    An uninterrupted 4-epoch run reaches val accuracy 1.0 from epoch 2 on (0.33 after epoch 1)."""
+    root = tmp_path_factory.mktemp("learnable")
+    rng = np.random.default_rng(SEED)
+    for k, name in enumerate("abc"):
+        for i in range(180):
+            pixels = np.clip(rng.normal(40 + 85 * k, 12, (16, 16)), 0, 255).astype(np.uint8)
+            write_image(root / "src" / name / f"{i:03d}.png", pixels)
+    chute.convert(
+        root / "src", root / "shards", image_size=16, val_fraction=0.25, hosts=2, workers=1
+    )
+    return root / "shards"
+
+
+def _backed_up(backup: Path) -> int:
+    """The epoch of a worker's latest backup (0: none), as its CheckpointManager state names it."""
+    state = backup / "checkpoint"
+    text = state.read_text() if state.is_file() else ""
+    found = re.search(r'^model_checkpoint_path: "(.+)"', text, re.M)
+    return int(found[1].rsplit("-", 1)[1]) if found else 0
+
+
+def _kill_and_resume(data: Path, tmp_path: Path, *, stall: bool) -> dict:
+    """Starts 2 workers, SIGKILLs worker 1 mid-run and stops the chief; then starts both again
+    with the same command. Returns what each attempt left (backups, exit codes, results)."""
+    script = tmp_path / "resume.py"
+    script.write_text(textwrap.dedent(RESUME_SCRIPT))
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    runs = [tmp_path / f"run{i}" for i in range(2)]
+    backups = [runs[0] / "backup", runs[1] / "worker-1" / "backup"]
+    logs = {(a, i): tmp_path / f"attempt{a}-worker{i}" for a in (1, 2) for i in range(2)}
+
+    def start(attempt: int) -> list[subprocess.Popen]:
+        procs = []
+        for index in range(2):
+            tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+            extra = {"STALL_BACKUP": "2"} if stall and attempt == 1 and index == 1 else {}
+            env = _env(TF_CONFIG=json.dumps(tf_config), **extra)
+            args = (data, runs[index], SEED, RESUME_EPOCHS)
+            procs.append(_start(script, *args, env=env, log=logs[attempt, index]))
+        return procs
+
+    def report(attempt: int, codes: list) -> str:
+        return "\n".join(
+            f"== attempt {attempt}, worker {i} (exit {codes[i]}):\n{_errors(logs[attempt, i])}"
+            for i in range(2)
+        )
+
+    def ready() -> bool:
+        # stall: the chief backed up epoch 2 (so it is in epoch 3) while worker 1 hangs in its
+        # own backup of epoch 2; otherwise both backed up an epoch and then trained a second
+        # more (an epoch takes several seconds), so worker 1 dies mid-epoch, between backups.
+        epochs = [_backed_up(backup) for backup in backups]
+        return epochs[0] >= 2 if stall else min(epochs) >= 1
+
+    procs = start(1)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready():
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                codes = [p.poll() for p in procs]
+                pytest.fail(f"the first attempt backed up no epoch in time\n{report(1, codes)}")
+            time.sleep(0.2)
+        if not stall:
+            time.sleep(1)
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait(timeout=30)
+        # The chief now waits for worker 1 in a collective (or fails): it is stopped too.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            procs[0].wait(timeout=5)
+    finally:
+        for proc in procs:
+            _stop(proc)
+    first = {
+        "codes": [p.returncode for p in procs],
+        "backed_up": [_backed_up(backup) for backup in backups],
+        "history": json.loads((backups[0] / "history.json").read_text()),
+        "finished": _result(logs[1, 0]) is not None,
+    }
+
+    procs = start(2)
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            if any(p.poll() is not None for p in procs):
+                # One worker ended: the other ends with it, or waits on it in a collective.
+                deadline = min(deadline, time.monotonic() + 30)
+            time.sleep(0.5)
+        codes = [p.poll() for p in procs]
+    finally:
+        for proc in procs:
+            _stop(proc)
+    return {
+        "first": first,
+        "codes": codes,
+        "results": [_result(logs[2, i]) for i in range(2)],
+        "report": report(2, codes),
+        "chief": runs[0],
+    }
+
+
+def _check_resumed(outcome: dict, agreed: int) -> None:
+    """The resumed run trained the epochs left from ``agreed`` on both workers, to the same
+    weights, and the chief wrote a whole run: every epoch's history, best checkpoint, bundle."""
+    assert outcome["codes"] == [0, 0], (
+        f"the resumed workers did not both finish\n{outcome['report']}"
+    )
+    results = outcome["results"]
+    assert all(results), outcome["report"]
+    for result in results:
+        assert result["resumed"]
+        assert result["epochs_run"] == RESUME_EPOCHS - agreed, (result, agreed)
+        assert math.isfinite(result["final"]["loss"])
+    assert math.isclose(results[0]["sum_abs"], results[1]["sum_abs"], rel_tol=1e-6), results
+    chief = outcome["chief"]
+    history = json.loads((chief / "history.json").read_text())
+    assert {name: len(values) for name, values in history.items()} == dict.fromkeys(
+        history, RESUME_EPOCHS
+    )
+    assert all(math.isfinite(value) for value in history["loss"])
+    # An uninterrupted run reaches 1.0 from epoch 2 on; chance is 0.33.
+    assert history["val_accuracy"][-1] >= 0.6, history
+    assert results[0]["final"]["val_accuracy"] == history["val_accuracy"][-1]
+    for name in ("checkpoints/best.keras", "bundle/model.keras"):
+        assert (chief / name).is_file(), name
+    assert not (chief / "backup").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_multiworker_run_resumes_after_a_worker_is_killed_mid_epoch(learnable, tmp_path):
+    outcome = _kill_and_resume(learnable, tmp_path, stall=False)
+    first = outcome["first"]
+    assert first["codes"][1] == -signal.SIGKILL and not first["finished"], first
+    epoch = first["backed_up"][0]
+    assert 0 < epoch < RESUME_EPOCHS, first  # killed mid-run
+    assert len(first["history"]["loss"]) >= epoch
+    _check_resumed(outcome, agreed=min(first["backed_up"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_multiworker_resume_agrees_when_a_worker_died_before_its_backup(learnable, tmp_path):
+    """Worker 1 killed after the chief backed up epoch 2 and before it did: both resume
+    from epoch 1 (the chief goes back one), rather than the chief from 2 and worker 1 from 1."""
+    outcome = _kill_and_resume(learnable, tmp_path, stall=True)
+    first = outcome["first"]
+    assert first["codes"][1] == -signal.SIGKILL and not first["finished"], first
+    assert first["backed_up"] == [2, 1], first
+    _check_resumed(outcome, agreed=1)
 
 
 # --- TPU ----------------------------------------------------------------------------------------

@@ -2,7 +2,10 @@
 
 Keras 3.15's ``fit`` fails under that strategy (keras-team/keras#20585), so
 multi-worker runs train here, with per-worker input (``chute.load`` with the
-strategy), the same checkpoints and history as the ``fit`` path, and resume.
+strategy), the same checkpoints and history as the ``fit`` path, and resume:
+each worker keeps its own backup, and a restarted run first agrees on the last
+epoch every worker backed up (a worker may have died between the chief's backup
+of an epoch and its own).
 
 Example:
     >>> history, seconds = fit_multiworker(model, strategy, train, val, steps=100,
@@ -18,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from chute.errors import ChuteError
 from chute.fit.config import TrainConfig
 from chute.fit.objective import categorical, make_loss, make_optimizer
 from chute.fit.rundir import RunDir
@@ -49,29 +53,28 @@ def fit_multiworker(
     Every worker runs the same number of steps (the smallest worker's share, so
     no collective waits for a worker that ran out of data), validates on the
     whole val split by itself (identical weights, no collectives), keeps a
-    ``tf.train.CheckpointManager`` backup per epoch (a killed run resumes) and
-    saves ``checkpoints/best.keras`` and ``last.keras`` like the fit path. One
-    call trains one phase (``epochs`` at ``learning_rate``, backed up in
-    ``backup``); ``augmentation`` runs on each replica's batch in the step.
+    ``tf.train.CheckpointManager`` backup per epoch (a killed run resumes from
+    the last epoch every worker backed up) and saves ``checkpoints/best.keras``
+    and ``last.keras`` like the fit path. One call trains one phase (``epochs``
+    at ``learning_rate``, backed up in ``backup``); ``augmentation`` runs on
+    each replica's batch in the step.
 
     Returns:
         The history (metric name -> value per epoch) and the seconds of each epoch run.
     """
     with strategy.scope():
         optimizer = _optimizer(config, steps, learning_rate=learning_rate, epochs=epochs)
+        # its slots now, so a restore fills them at once (and a re-saved backup holds them)
+        optimizer.build(model.trainable_variables)
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
     train_step, val_step = _steps(model, strategy, optimizer, config, class_weight, augmentation,
                                   train_ds.global_batch_size)  # fmt: skip
     global_batch = train_ds.global_batch_size
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
-    manager = tf.train.CheckpointManager(checkpoint, backup, max_to_keep=1)
-    resumed = manager.latest_checkpoint is not None
-    if resumed:
-        checkpoint.restore(manager.latest_checkpoint)
-    history: dict[str, list[float]] = {}
+    manager = _manager(checkpoint, backup)
     history_file = storage.join(backup, "history.json")
-    if resumed and storage.exists(history_file):
-        history = json.loads(storage.read_bytes(history_file))
+    agreed = _agreed_epoch(strategy, _backed_up(manager))  # so every worker runs the same steps
+    history = _resume(checkpoint, manager, history_file, agreed)
     seconds: list[float] = []
     scores = history.get(monitor, [])
     waited = len(scores) - 1 - scores.index(max(scores)) if scores else 0  # early stopping
@@ -100,14 +103,88 @@ def fit_multiworker(
             callback.on_epoch_end(int(epoch.numpy()) - 1, results)
         scores = history[monitor]
         waited = 0 if scores[-1] >= max(scores) else waited + 1
-        manager.save()
-        storage.write_atomic(history_file, json.dumps(history).encode())
+        _back_up(manager, history_file, history, int(epoch.numpy()))
         seconds.append(time.perf_counter() - started)
         log.info("epoch %d: %s", int(epoch.numpy()), {k: round(v, 4) for k, v in results.items()})
         if config.early_stopping and waited >= config.early_stopping:
             break
     storage.rmtree(backup)  # the phase is done
     return history, seconds
+
+
+def _manager(checkpoint, backup: str) -> Any:
+    """This worker's backups, numbered by epoch; the last two kept, so that a worker
+    one epoch ahead of another can go back to the other's epoch."""
+    return tf.train.CheckpointManager(checkpoint, backup, max_to_keep=2)
+
+
+def _backed_up(manager) -> int:
+    """The epoch of this worker's latest backup (0: none)."""
+    latest = manager.latest_checkpoint
+    return _epoch_of(latest) if latest else 0
+
+
+def _epoch_of(path: str) -> int:
+    return int(path.rsplit("-", 1)[1])  # backups are numbered by epoch: backup/ckpt-3
+
+
+def _agreed_epoch(strategy, mine: int) -> int:
+    """The smallest of every worker's ``mine`` (an all-gather across the workers).
+
+    Each worker backs up an epoch on its own, after the epoch's last collective step,
+    so a worker killed between the chief's backup of an epoch and its own restarts one
+    epoch behind; resumed from different epochs, the workers would run different
+    numbers of steps, and the collectives of the one with more would wait forever.
+    """
+    value = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant([mine], tf.int64)
+    )
+    return int(tf.reduce_min(strategy.gather(value, axis=0)))
+
+
+def _restore_point(checkpoints: list[str], epoch: int) -> str | None:
+    """The backup of ``epoch`` among a worker's kept ones; None for epoch 0 (start afresh).
+
+    Raises:
+        ChuteError: that epoch's backup is not kept any more.
+    """
+    if epoch == 0:
+        return None
+    for path in checkpoints:
+        if _epoch_of(path) == epoch:
+            return path
+    kept = [_epoch_of(path) for path in checkpoints]
+    raise ChuteError(
+        f"The workers agreed to resume from epoch {epoch}, but this worker's backup keeps "
+        f"epochs {kept}; remove the run's backup folders to start the phase over"
+    )
+
+
+def _resume(checkpoint, manager, history_file: str, epoch: int) -> dict[str, list[float]]:
+    """Restores this worker's backup of ``epoch`` (the one every worker has; nothing
+    for 0) and returns the history up to it.
+
+    A worker that was ahead backs ``epoch`` up again as its latest, so that the epoch
+    it gives up is never taken for its latest after another interruption.
+    """
+    path = _restore_point(manager.checkpoints, epoch)
+    if path is not None:
+        checkpoint.restore(path)
+    if _backed_up(manager) > epoch:
+        log.info("resuming from epoch %d, the last one every worker backed up", epoch)
+        manager.save(checkpoint_number=epoch)
+    if epoch == 0 or not storage.exists(history_file):
+        return {}
+    history = json.loads(storage.read_bytes(history_file))
+    return {name: values[:epoch] for name, values in history.items()}
+
+
+def _back_up(manager, history_file: str, history: dict, epoch: int) -> None:
+    """Backs up a finished epoch: its history first, then the checkpoint numbered by
+    the epoch, so that a backup's history always reaches its latest checkpoint."""
+    storage.makedirs(storage.dirname(history_file))  # the first backup makes the folder
+    storage.write_atomic(history_file, json.dumps(history).encode())
+    manager.save(checkpoint_number=epoch)
 
 
 def _optimizer(config: TrainConfig, steps: int, *, learning_rate: float, epochs: int) -> Any:
