@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from chute import __version__
 from chute.errors import ChuteError
 from chute.fit.config import TrainConfig
+from chute.ingest.beam import RUNNERS as BEAM_RUNNERS
 from chute.ingest.options import ConvertOptions
 
 
@@ -94,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="progress bars (default: when stderr is a terminal)",
     )
+    convert.add_argument(
+        "--runner",
+        choices=BEAM_RUNNERS,
+        metavar="RUNNER",
+        help=f"encode and write on Apache Beam: {', '.join(BEAM_RUNNERS)} (pip install "
+        "'chute[beam]'); flags chute does not know, after SRC OUT, are Beam pipeline options "
+        "(--project=P --region=R --temp_location=gs://... --requirements_file=FILE)",
+    )
 
     inspect = commands.add_parser("inspect", help="summarise a converted dataset")
     inspect.add_argument("path", metavar="OUT")
@@ -146,6 +155,29 @@ def _parser() -> argparse.ArgumentParser:
         "--work-dir", help="where generated data and shards go (default: a temp dir)"
     )
     bench.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+
+    service = commands.add_parser(
+        "data-service",
+        help="run a tf.data service dispatcher or worker (preprocessing on spare machines)",
+        description="Start a tf.data service server and keep it running until stopped "
+        "(Ctrl-C or SIGTERM). Trainers read through it with `chute train --data-service "
+        "grpc://HOST:PORT` or chute.load(..., data_service=...).",
+    )
+    role = service.add_subparsers(dest="role", required=True, metavar="ROLE")
+    dispatcher = role.add_parser("dispatcher", help="the one server that hands out work")
+    dispatcher.add_argument("--port", type=int, default=5050, help="(default: %(default)s)")
+    dispatcher.add_argument(
+        "--work-dir", help="keep its state here, so a restarted dispatcher resumes its jobs"
+    )
+    worker = role.add_parser("worker", help="a server that runs chute's pipeline for trainers")
+    worker.add_argument("--dispatcher", required=True, metavar="HOST:PORT")
+    worker.add_argument("--port", type=int, default=0, help="(default: any free port)")
+    worker.add_argument(
+        "--address",
+        metavar="HOST",
+        help="the name trainers reach this worker at "
+        "(default: localhost with a local dispatcher, else this machine's name)",
+    )
 
     demo = commands.add_parser("demo", help="run the whole job on a built-in sample (no download)")
     demo.add_argument(
@@ -200,6 +232,8 @@ def _convert(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             allow_outside=args.allow_outside,
             progress=bars,
+            runner=args.runner,
+            pipeline_args=args.pipeline_args if args.runner else None,
             **_given(args, ConvertOptions),
         )
     finally:
@@ -212,8 +246,10 @@ def _convert(args: argparse.Namespace) -> int:
         return 0
     total = sum(result.num_written.values())
     rate = total / result.seconds if result.seconds else 0.0
+    on = f" on Beam's {args.runner}" if args.runner else ""
     print(
-        f"converted {args.source} -> {args.output} in {result.seconds:.1f} s ({rate:,.0f} images/s)"
+        f"converted {args.source} -> {args.output}{on} in {result.seconds:.1f} s "
+        f"({rate:,.0f} images/s)"
     )
     print(f"  {manifest.num_classes} classes, {manifest.image.describe()}")
     for name, split in manifest.splits.items():
@@ -354,6 +390,23 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_service(args: argparse.Namespace) -> int:
+    from chute.read import service
+
+    if args.role == "dispatcher":
+        server = service.serve_dispatcher(args.port, work_dir=args.work_dir)
+        print(f"tf.data service dispatcher on port {args.port}; Ctrl-C stops it", flush=True)
+    else:
+        server = service.serve_worker(args.dispatcher, port=args.port, address=args.address)
+        print(f"tf.data service worker for {args.dispatcher}; Ctrl-C stops it", flush=True)
+    service.wait(server)
+    # Ended at once: TF 2.21's servers can crash while shutting down (tensorflow#113163),
+    # and a dispatcher's state, if any, is in its --work-dir already.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from chute.tools.demo import run
 
@@ -370,7 +423,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``chute`` command; returns the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)  # with convert --runner: Beam's options
+    if extra and not (args.command == "convert" and args.runner):
+        hint = " (Beam pipeline options need --runner)" if args.command == "convert" else ""
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    args.pipeline_args = extra
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ start-up chatter out
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO, format="chute: %(message)s"
@@ -384,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "predict": _predict,
         "export": _export,
         "bench": _bench,
+        "data-service": _data_service,
         "demo": _demo,
     }[args.command]
     try:

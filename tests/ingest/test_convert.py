@@ -232,6 +232,44 @@ def test_default_min_shards_is_16_only_when_each_gets_64(tmp_path, count, shards
     assert min(counts) >= min(64, count)
 
 
+@pytest.mark.parametrize(
+    ("count", "hosts", "min_shards", "shards"),
+    [(4096, 3, None, 48), (4096, 2, None, 32), (200, 3, None, 3), (100, 4, 5, 8), (24, 5, 1, 5)],
+)
+def test_hosts_get_16_shards_each_and_equal_shares_of_files(
+    tmp_path, count, hosts, min_shards, shards
+):
+    # 4,096 records: 16 per host of at least 64 records; 200: as many as hold 64 each,
+    # rounded up to a multiple of the hosts; an explicit minimum rounded up the same way.
+    src = _npz(tmp_path / "x.npz", count)
+    options = {"hosts": hosts, "min_shards": min_shards, "workers": 1}
+    manifest = chute.convert(src, tmp_path / "out", **options).manifest
+    counts = [s["num_records"] for s in manifest.splits["train"]["shards"]]
+    assert len(counts) == shards and sum(counts) == count
+    assert manifest.options["hosts"] == hosts
+
+
+def test_hosts_from_the_command_line_and_bad_values(tmp_path):
+    src = _npz(tmp_path / "x.npz", 256)
+    result = run_cli("convert", src, tmp_path / "out", "--hosts", "2", "--workers", "1")
+    assert result.returncode == 0, result.stderr
+    assert len(chute.load_manifest(tmp_path / "out").splits["train"]["shards"]) == 4
+    bad = run_cli("convert", src, tmp_path / "bad", "--hosts", "0")
+    assert bad.returncode == 2 and "`hosts` must be an integer from 1 to 10000" in bad.stderr
+
+
+def test_an_output_from_before_an_option_existed_is_still_the_same_conversion(folder, tmp_path):
+    # Manifests written before `hosts` existed lack it: its default was what they used.
+    out = tmp_path / "out"
+    first = chute.convert(folder, out, val_fraction=0.25, min_shards=2, workers=1)
+    manifest_file = out / "manifest.json"
+    body = json.loads(manifest_file.read_text())
+    del body["options"]["hosts"]
+    manifest_file.write_text(json.dumps(body))
+    again = chute.convert(folder, out, val_fraction=0.25, min_shards=2, workers=1)
+    assert again.already_done and again.manifest.splits == first.manifest.splits
+
+
 # -- determinism ----------------------------------------------------------------------------
 
 

@@ -72,7 +72,12 @@ class TrainConfig:
             third of ``epochs``, at least 1).
         fine_tune_learning_rate: the learning rate after unfreezing (default:
             a tenth of ``learning_rate``).
-        seed: seeds Keras, the data order and augmentation.
+        data_service: a ``tf.data`` service dispatcher (``grpc://HOST:PORT``)
+            whose workers read and augment the training data (see
+            ``chute.load``); validation reads locally. Heavy augmentations
+            then run in the train step.
+        seed: seeds Keras, the data order and augmentation (not the order of
+            data read through ``data_service``).
     """
 
     model: str = option("kannada-cnn", "registry name or keras.applications model")
@@ -122,6 +127,10 @@ class TrainConfig:
     fine_tune_learning_rate: float | None = option(
         None, "learning rate after unfreezing (default: learning_rate / 10)", type=float
     )
+    data_service: str | None = option(
+        None, "read training batches from this tf.data service dispatcher", type=str,
+        metavar="grpc://HOST:PORT",
+    )  # fmt: skip
     seed: int = option(1337, "seeds Keras, the data order and augmentation")
 
     def __post_init__(self) -> None:
@@ -172,6 +181,11 @@ class TrainConfig:
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 10:
                 raise checks.bad_value("fine_tune_learning_rate", rate, "a number between 0 and 10")
         checks.int_in("seed", self.seed, 0, what="a non-negative integer")
+        if self.data_service is not None:
+            from chute.read.service import check_address
+
+            address = check_address("data_service", self.data_service)
+            object.__setattr__(self, "data_service", address)
 
     @property
     def pretrained(self) -> bool:

@@ -72,6 +72,9 @@ class _Inputs:
     input_shape: tuple[int, int, int]
     crop_fraction: float
     augment_on: str  # where the heavy augmentations run: "host" or "device"
+    per_host: bool = False  # a distributed dataset per host, repeated: fit needs the steps
+    val_steps: int | None = None  # with per_host under Keras's fit
+    val_padded: float = 1.0  # validation examples Keras counts per real one (padding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,16 +199,28 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
     accelerator = strategy.chute_kind in ("tpu", "gpu", "multi-gpu")
     augment_on = config.augment_on
     if augment_on == "auto":
-        augment_on = "device" if accelerator else "host"
+        # the tf.data service's workers run graphs only: heavy augmentation in the step
+        augment_on = "device" if accelerator or config.data_service else "host"
     size = _input_size(config, manifest)
     crop_fraction = config.crop_fraction or default_crop_fraction(manifest.image)
     label_mode = "categorical" if categorical(config) else "int"
     common = {"label_mode": label_mode, "image_size": size}
-    training = {**common, "augment": list(config.augment), "augment_on": augment_on}
-    if strategy.chute_kind == "multiworker":
-        workers = strategy_lib.count_workers()
-        per_worker = global_batch // workers
-        steps = min(pipeline_sizes(manifest, "train", workers)) // per_worker
+    training = {
+        **common,
+        "augment": list(config.augment),
+        "augment_on": augment_on,
+        "data_service": config.data_service,
+    }
+    hosts = strategy_lib.count_hosts(strategy)
+    per_host = _per_host(strategy)
+    val_steps, val_padded = None, 1.0
+    if per_host:
+        # Each host reads its own shards at its replicas' batch (distribute_datasets_from_
+        # function), repeated: an epoch is the smallest host's share in `steps` batches.
+        per_pipeline = global_batch // hosts
+        steps = min(pipeline_sizes(manifest, "train", hosts)) // per_pipeline
+        if config.data_service:  # the service deals the whole split to every host's job
+            steps = manifest.num_examples("train") // global_batch
         train_ds = load(
             manifest,
             "train",
@@ -217,25 +232,55 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
         )
     else:
         train_ds = load(manifest, "train", batch_size=global_batch, seed=config.seed, **training)
-        steps = len(train_ds)
+        # through the tf.data service an epoch is what its workers deliver (one job)
+        steps = manifest.num_examples("train") // global_batch
     if steps == 0:
         raise ChuteError(
             f"The train split ({manifest.num_examples('train')} images) is smaller than one "
             f"global batch ({global_batch}); lower `batch_size`"
         )
     val_ds = None
-    if manifest.num_examples("val") > 0:
+    evaluation = {"training": False, "crop_fraction": crop_fraction, **common}
+    if manifest.num_examples("val") == 0:
+        pass
+    elif per_host and strategy.chute_kind != "multiworker":
+        # Keras's fit on several hosts: each validates its own share, padded to the
+        # largest share's batches (weight 0 on the padding), repeated for every epoch.
+        per_pipeline = global_batch // hosts
+        val_steps = max(-(-n // per_pipeline) for n in pipeline_sizes(manifest, "val", hosts))
+        val_padded = val_steps * global_batch / manifest.num_examples("val")
         val_ds = load(
             manifest,
             "val",
-            batch_size=global_batch,
-            training=False,
-            crop_fraction=crop_fraction,
-            **common,
+            batch_size=config.batch_size,
+            strategy=strategy,
+            pad_final_batch=True,
+            repeat=True,
+            **evaluation,
         )
+    else:  # one pipeline; chute's multi-worker loop validates the whole split on each worker
+        val_ds = load(manifest, "val", batch_size=global_batch, **evaluation)
     monitor = "val_accuracy" if val_ds is not None else "accuracy"
     shape = (*size, manifest.image.channels)
-    return _Inputs(train_ds, val_ds, steps, global_batch, monitor, shape, crop_fraction, augment_on)
+    return _Inputs(
+        train_ds,
+        val_ds,
+        steps,
+        global_batch,
+        monitor,
+        shape,
+        crop_fraction,
+        augment_on,
+        per_host=per_host,
+        val_steps=val_steps,
+        val_padded=val_padded,
+    )
+
+
+def _per_host(strategy: Any) -> bool:
+    """Whether every host reads its own input: under several workers or a TPU pod slice
+    (one pipeline feeding them all would read everything on each host)."""
+    return strategy.chute_kind == "multiworker" or strategy_lib.count_hosts(strategy) > 1
 
 
 def _built_model(
@@ -341,18 +386,23 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
         trainer = (
             model if augmentation is None else trainable.with_augmentation(model, augmentation)
         )
+        # Padded validation batches weigh the padding 0: metrics that count weights
+        metrics = make_metrics(config, model.output_shape[-1])
+        padded = inputs.val_steps is not None
         trainer.compile(
             optimizer=make_optimizer(
                 config, inputs.steps, learning_rate=phase.learning_rate, epochs=phase.epochs
             ),
             loss=make_loss(config),
-            metrics=make_metrics(config, model.output_shape[-1]),
+            metrics=None if padded else metrics,
+            weighted_metrics=metrics if padded else None,
             steps_per_execution=config.steps_per_execution
             or strategy_lib.STEPS_PER_EXECUTION.get(strategy.chute_kind, 1),
         )
     timer = _EpochTimer()
     kept = trainable.progress(run, phase.name, inputs.monitor, config.early_stopping)
     callbacks = [
+        *([_PaddedValLoss(inputs.val_padded)] if inputs.val_padded != 1 else []),
         keras.callbacks.BackupAndRestore(phase.backup),  # first: the others see saved epochs
         *trainable.checkpoints(model, run, inputs.monitor),
         keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
@@ -364,6 +414,8 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
         inputs.train,
         validation_data=inputs.val,
         epochs=phase.epochs,
+        steps_per_epoch=inputs.steps if inputs.per_host else None,
+        validation_steps=inputs.val_steps,
         callbacks=callbacks,
         class_weight=class_weight,
         shuffle=False,  # the dataset shuffles itself (Keras would only warn)
@@ -430,6 +482,20 @@ def _write_reports(run, result: TrainResult, config: TrainConfig, history, manif
         storage.write_atomic(run.join("history.csv"), ("\n".join(rows) + "\n").encode())
     run.write_json("summary.json", dataclasses.asdict(result))
     draw_curves(history, run.join("curves.png"))
+
+
+class _PaddedValLoss:
+    """Keras averages the validation loss over every example of the padded batches
+    (padding included, at loss 0): ``val_loss`` scaled back to the real examples, before
+    the other callbacks see it."""
+
+    def __new__(cls, padded: float):
+        class PaddedValLoss(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                if logs and "val_loss" in logs:
+                    logs["val_loss"] = float(logs["val_loss"]) * padded
+
+        return PaddedValLoss()
 
 
 class _EpochTimer:

@@ -75,6 +75,10 @@ class ConvertOptions:
         test_fraction: share of each class held out for testing.
         seed: seed of the split and of the record order.
         shard_size_mb: target size of one shard file.
+        hosts: hosts that will read the dataset in parallel (the hosts of a TPU
+            pod slice, the workers of a multi-worker run): by default 16 shards
+            per host, and every split's shard count a multiple of ``hosts``, so
+            each host reads its own equal share of files.
         min_shards: minimum shards per split; ``None`` means 16 when the split
             has enough images (at least 64 per shard).
         max_pixels: images with more pixels are rejected (decompression bombs).
@@ -110,6 +114,9 @@ class ConvertOptions:
     min_shards: int | None = option(
         None, "shards per split at least (default: 16 when each gets >= 64 images)", type=int
     )
+    hosts: int = option(
+        1, "hosts that will read it (TPU pod slice hosts, workers): 16 shards each, a multiple of N"
+    )
     max_pixels: int = option(DEFAULT_MAX_PIXELS, "reject larger images (decompression bombs)")
     keep_metadata: bool = option(False, "keep EXIF/XMP/GPS in JPEGs stored as they came")
     shorter_side: int | None = option(
@@ -140,6 +147,7 @@ class ConvertOptions:
         )
         if self.min_shards is not None:
             checks.int_in("min_shards", self.min_shards, 1, 100_000)
+        checks.int_in("hosts", self.hosts, 1, 10_000)
         checks.int_in("max_pixels", self.max_pixels, 1, 2**40)
         if self.shorter_side is not None:
             checks.int_in("shorter_side", self.shorter_side, 1, MAX_SIDE)

@@ -132,22 +132,33 @@ def shard_name(split: str, index: int, count: int) -> str:
 
 
 def shard_runs(
-    num_items: int, bytes_per_item: float, *, shard_size_mb: float, min_shards: int | None
+    num_items: int,
+    bytes_per_item: float,
+    *,
+    shard_size_mb: float,
+    min_shards: int | None,
+    hosts: int = 1,
 ) -> list[tuple[int, int]]:
     """Cuts ``num_items`` records into ``[start, stop)`` runs, one per shard.
 
     The count is the larger of what the size bound needs and the minimum: an
-    explicit ``min_shards``, else ``DEFAULT_MIN_SHARDS`` when every shard can
-    still hold ``MIN_RECORDS_PER_SHARD`` records. Never more shards than records.
+    explicit ``min_shards``, else ``DEFAULT_MIN_SHARDS`` per host when every
+    shard can still hold ``MIN_RECORDS_PER_SHARD`` records; then rounded up to a
+    multiple of ``hosts`` (each host reads an equal number of files). Never more
+    shards than records.
 
     Example:
         >>> shard_runs(10, 100.0, shard_size_mb=128, min_shards=3)
         [(0, 3), (3, 6), (6, 10)]
+        >>> len(shard_runs(100_000, 100.0, shard_size_mb=128, min_shards=None, hosts=3))
+        48
     """
     by_size = math.ceil(num_items * bytes_per_item / (shard_size_mb * 1e6))
     if min_shards is None:
-        min_shards = min(DEFAULT_MIN_SHARDS, num_items // MIN_RECORDS_PER_SHARD)
-    count = max(1, min(num_items, max(by_size, min_shards)))
+        min_shards = min(DEFAULT_MIN_SHARDS * hosts, num_items // MIN_RECORDS_PER_SHARD)
+    count = max(by_size, min_shards)
+    count = -(-count // hosts) * hosts  # equal shares of files for the hosts
+    count = max(1, min(num_items, count))
     bounds = [num_items * i // count for i in range(count + 1)]
     return list(itertools.pairwise(bounds))
 
@@ -172,6 +183,7 @@ def plan_shards(
             bytes_per_record,
             shard_size_mb=options.shard_size_mb,
             min_shards=options.min_shards,
+            hosts=options.hosts,
         )
         for number, (start, stop) in enumerate(runs):
             planned.append(Shard(split, shard_name(split, number, len(runs)), indices[start:stop]))

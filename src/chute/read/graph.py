@@ -74,6 +74,10 @@ def build(plan: ReadPlan, *, counters: dict, augmentation, host=None):
         ds = tf.data.Dataset.zip(ds, keys).map(
             finisher(plan, augmentation, host), **({} if in_order else parallel)
         )
+    # Run by the tf.data service's workers: each has a part of the split, and the epoch
+    # is what they deliver together (see chute.read.service), so no count is fixed here.
+    if plan.data_service:
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(options())
     # Every input pipeline yields the same number of batches: in training the smallest
     # share's (a multi-host loop would wait forever for a host that ran out).
     if plan.training and plan.steps < plan.own_steps:
@@ -119,7 +123,7 @@ def _each_image(plan: ReadPlan, ds, counters: dict, parallel: dict):
     # One image per call, a call per core: decode (a JPEG's crop window only), crop,
     # resize, flip, all on uint8.
     ds = batches.each_image(plan, ds, counters, dict(parallel, num_parallel_calls=plan.cores))
-    return ds.batch(plan.batch_size, drop_remainder=plan.training)
+    return ds.batch(plan.batch_size, drop_remainder=plan.training and not plan.data_service)
 
 
 def _reshuffled_blocks(plan: ReadPlan, ds):

@@ -28,6 +28,7 @@ from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.lazy import tf
+from chute.read import service
 from chute.read.augment import PLACES, DeviceAugmentation, parse_augment
 from chute.read.graph import build, options
 from chute.read.host_augment import NAMES as HOST
@@ -68,6 +69,7 @@ def load(
     skip_corrupt: bool = False,
     input_context: Any = None,
     strategy: Any = None,
+    data_service: str | None = None,
 ):
     """Reads a converted split as batches of ``(images, labels)`` with static shapes.
 
@@ -115,7 +117,8 @@ def load(
             most 128 MB of pixels each (about four windows are held at once).
         pad_final_batch: evaluation only: pad the last batch to full size and
             yield ``(images, labels, weights)`` with weight 0 on the padding.
-        repeat: repeat forever (training); ``len()`` is then infinite.
+        repeat: repeat forever, each pass one epoch as without it (a new
+            order each pass in training); ``len()`` is then infinite.
         skip_corrupt: instead of raising, skip what is damaged and count it in
             ``ds.corrupt_count()`` (what the latest epoch skipped, exact once it
             is over: it starts again at each new iterator): a missing shard,
@@ -128,6 +131,15 @@ def load(
             pipeline's part (by shard when there are enough shards, else by record).
         strategy: a ``tf.distribute.Strategy``: return
             ``strategy.distribute_datasets_from_function`` over this function.
+        data_service: a ``tf.data`` service dispatcher, ``grpc://HOST:PORT``
+            (see :mod:`chute.read.service`): in training, its workers run this
+            pipeline with dynamic sharding and this process receives the
+            batches. Each example at most once per epoch (a worker that dies
+            loses the rest of its shard for that epoch), and all but the last
+            partial batch when none dies; a new order every epoch (``seed``
+            cannot fix it), no ``cache``, no ``skip_corrupt``, heavy
+            augmentations on the device. Input pipelines of several hosts share
+            one job. Evaluation reads here, exactly once.
 
     Returns:
         A ``tf.data.Dataset`` with ``class_names``, ``num_examples``,
@@ -177,6 +189,7 @@ def load(
         crop_scale=crop_scale,
         crop_ratio=crop_ratio,
         crop_fraction=crop_fraction,
+        data_service=data_service,
     )
     try:
         device, keras_on_host, host = _augmentations(spec, plan, augment_on)
@@ -185,6 +198,10 @@ def load(
         dataset = build(plan, counters=counters, augmentation=keras_on_host, host=host)
         if counters:
             dataset = _counted_per_epoch(dataset, counters, lost)
+        if plan.data_service:
+            dataset = _through_service(dataset, plan)
+        elif input_context is not None:
+            _log_share(plan, input_context)
     except BaseException:
         release_cache(plan.cache_bytes)
         raise
@@ -214,6 +231,12 @@ def _augmentations(spec, plan: ReadPlan, augment_on: str):
         return None, None, None
     if augment_on == "device":
         return DeviceAugmentation(heavy, plan.seed), None, None
+    if plan.data_service:
+        raise ChuteError(
+            f"augmentations {list(heavy)} run in Python or Keras layers, which the tf.data "
+            "service's workers cannot run; pass augment_on='device' (they then run in the "
+            "train step). Received: augment_on='host'"
+        )
     host = HostAugmentation([h for h in heavy if isinstance(h, str) and h in HOST])
     layers = [h for h in heavy if not (isinstance(h, str) and h in HOST)]
     return None, DeviceAugmentation(layers, plan.seed) or None, host or None
@@ -263,6 +286,41 @@ def _counters(lost: int) -> dict:
         )
         for name in _COUNTED
     }
+
+
+def _log_share(plan: ReadPlan, context) -> None:
+    """What this input pipeline (host) reads of the split, for a multi-host run's logs."""
+    how = f"every {plan.every_nth[0]}th record" if plan.every_nth else f"{len(plan.files)} shard(s)"
+    log.info(
+        "input pipeline %d of %d reads %s, %d examples: %d batches of %d per epoch",
+        context.input_pipeline_id,
+        context.num_input_pipelines,
+        how,
+        plan.num_examples,
+        plan.steps,
+        plan.batch_size,
+    )
+
+
+def _through_service(dataset, plan: ReadPlan):
+    """The pipeline run by the ``tf.data`` service's workers; this process receives the
+    batches (a new job each epoch; with ``repeat``, each repetition is the next one)."""
+    log.info(
+        "input pipeline: %s split read through the tf.data service at %s%s",
+        "training" if plan.training else "evaluation",
+        plan.data_service,
+        f" (job {plan.job_name}, shared by the hosts)" if plan.job_name else "",
+    )
+    dataset = service.read_through(dataset, plan.data_service, name=plan.job_name)
+    # Each worker's last batch is short: regrouped here into full batches (static shapes).
+    # The filter keeps them full where tf.distribute rewrites the batching (Keras's fit
+    # under a strategy: experimental_distribute_dataset yielded the short rest in TF 2.21).
+    size = plan.batch_size
+    dataset = dataset.rebatch(size, drop_remainder=True)
+    dataset = dataset.filter(lambda *batch: tf.shape(tf.nest.flatten(batch)[0])[0] == size)
+    if plan.repeat:
+        dataset = dataset.repeat()
+    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
 def _distributed(path, split, strategy, arguments):

@@ -23,6 +23,7 @@ from chute.format.manifest import Manifest
 from chute.format.spec import ImageSpec
 from chute.ingest.options import parse_image_size
 from chute.machine import available_cores, memory_limit
+from chute.read import service
 from chute.read.augment import AugmentSpec
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,11 @@ class ReadPlan:
         steps: batches in an epoch, the same for every input pipeline: in
             training the smallest pipeline's (the others stop there), in
             evaluation with ``pad_final_batch`` the largest's (the others add
-            batches of padding, weight 0); in plain evaluation its own.
+            batches of padding, weight 0); in plain evaluation its own. Through
+            the ``tf.data`` service: the epoch's batches if nothing is lost.
+        data_service: a ``tf.data`` service dispatcher (``grpc://HOST:PORT``)
+            whose workers run this pipeline (training), or None.
+        job_name: the service job that several input pipelines share, or None.
     """
 
     files: tuple[str, ...]
@@ -95,6 +100,8 @@ class ReadPlan:
     pad_final_batch: bool
     skip_corrupt: bool
     steps: int
+    data_service: str | None = None
+    job_name: str | None = None
 
     @property
     def shuffled_blocks(self) -> int:
@@ -132,6 +139,7 @@ def make_plan(
     crop_scale: Any = DEFAULT_CROP_SCALE,
     crop_ratio: Any = DEFAULT_CROP_RATIO,
     crop_fraction: float | None = None,
+    data_service: str | None = None,
 ) -> ReadPlan:
     """Checks ``chute.load``'s arguments against the manifest and resolves them (see there)."""
     manifest.check_split(split)
@@ -147,6 +155,12 @@ def make_plan(
     checks.positive_int("shuffle_buffer", shuffle_buffer)
     if seed is not None and not checks.is_int(seed):
         raise checks.bad_value("seed", seed, "an integer or None")
+    if data_service is not None:
+        data_service = service.check_address("data_service", data_service)
+        if training:
+            seed, cache = _through_service(seed, cache, skip_corrupt)
+        else:
+            data_service = None  # evaluation reads here: every example exactly once
     if pad_final_batch and training:
         raise ChuteError("`pad_final_batch` applies to evaluation (training=False) only")
     if pad_final_batch and label_mode is None:
@@ -185,12 +199,18 @@ def make_plan(
     )
     # PNG/JPEG not kept decoded: decoded one by one after the shuffle, streaming
     per_image = cropped or (stored.encoding != "raw" and cache is None)
+    # Through the service: records shuffled, then decoded one by one; each worker's last
+    # batch is kept short, and the trainer regroups them (no example dropped there).
+    per_image = per_image or data_service is not None
 
     files, counts = manifest.shard_paths(split), manifest.shard_counts(split)
     by_file = pipelines > 1 and len(files) >= pipelines
-    if by_file:  # enough shards: each input pipeline reads its own files
+    if data_service:  # the service deals the split's shards to its workers as they ask
+        by_file, sizes = True, [manifest.num_examples(split) // pipelines] * pipelines
+    elif by_file:  # enough shards: each input pipeline reads its own files
         files, counts = files[index::pipelines], counts[index::pipelines]
-    sizes = pipeline_sizes(manifest, split, pipelines)
+    if not data_service:
+        sizes = pipeline_sizes(manifest, split, pipelines)
     num_examples = sizes[index]
     if training:  # every pipeline runs the smallest's steps: no host waits for another
         steps = min(size // batch_size for size in sizes)
@@ -229,11 +249,32 @@ def make_plan(
         if training
         else None,
         shuffle_buffer=shuffle_buffer,
-        repeat=repeat and training,
+        repeat=repeat,
         pad_final_batch=pad_final_batch,
         skip_corrupt=skip_corrupt,
         steps=steps,
+        data_service=data_service,
+        job_name=service.job_name(namespace, pipelines) if data_service else None,
     )
+
+
+def _through_service(seed, cache, skip_corrupt: bool) -> tuple[None, None]:
+    """What reading through the ``tf.data`` service rules out: ``(seed, cache)`` for the
+    pipeline the service runs."""
+    if skip_corrupt:
+        raise ChuteError(
+            "`skip_corrupt` counts what it skips in this process; the tf.data service's "
+            "workers cannot report it. Run `chute verify` instead. Received: skip_corrupt=True"
+        )
+    if seed is not None:
+        log.info(
+            "data_service: the dispatcher hands shards to whichever worker asks first, "
+            "so seed=%s cannot fix the order; each epoch has a new one",
+            seed,
+        )
+    if cache not in ("auto", None):
+        log.info("data_service: cache=%r left out (each epoch is a new job)", cache)
+    return None, None
 
 
 def _namespace(

@@ -1,0 +1,170 @@
+"""Preprocessing on other machines: chute's pipeline run by the ``tf.data`` service.
+
+A host with few cores (a TPU VM, a GPU box) cannot decode and augment photos as
+fast as its accelerator trains. The ``tf.data`` service runs the pipeline on
+spare machines instead: one dispatcher, any number of workers, and the
+trainer reading finished batches over the network. chute drives it:
+
+* :func:`serve_dispatcher` and :func:`serve_worker` (``chute data-service
+  dispatcher|worker``) start the servers, thin wrappers over
+  ``tf.data.experimental.service.DispatchServer`` and ``WorkerServer``.
+* ``chute.load(..., data_service="grpc://HOST:PORT")`` (and ``chute train
+  --data-service``) registers the training pipeline with the dispatcher, with
+  **dynamic sharding**: the dispatcher hands each worker the next shard of the
+  split when it asks, so each example is read **at most once per epoch** (an
+  example of a shard being read by a worker that dies is lost for that epoch,
+  never repeated), and every epoch is a new job with a new order.
+
+What the service cannot promise, chute does locally: evaluation (every example
+exactly once) reads on the trainer itself, and a seed cannot fix the order
+(shards go to whichever worker asks first), so the order is new every epoch.
+
+Example:
+    >>> server = serve_dispatcher(5050)  # doctest: +SKIP
+    >>> train = chute.load("gs://b/shards", data_service="grpc://10.0.0.2:5050")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+from typing import Any
+
+from chute import checks
+from chute.lazy import tf
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 5050
+_ADDRESS = re.compile(
+    r"^(?:grpc://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$"
+)
+_LOCAL = ("localhost", "127.0.0.1", "[::1]")
+
+
+def check_address(name: str, value: Any) -> str:
+    """A dispatcher's address as ``grpc://HOST:PORT``.
+
+    Example:
+        >>> check_address("data_service", "10.0.0.2:5050")
+        'grpc://10.0.0.2:5050'
+    """
+    match = _ADDRESS.match(value) if isinstance(value, str) else None
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise checks.bad_value(name, value, "a dispatcher address grpc://HOST:PORT (or HOST:PORT)")
+    return f"grpc://{match['host']}:{int(match['port'])}"
+
+
+def _port(value: Any, *, zero: bool) -> int:
+    low = 0 if zero else 1
+    return checks.int_in("port", value, low, 65535)
+
+
+def serve_dispatcher(port: int = DEFAULT_PORT, *, work_dir: str | None = None) -> Any:
+    """Starts a ``tf.data`` service dispatcher on ``port`` (all interfaces).
+
+    Args:
+        port: the port trainers and workers reach it at.
+        work_dir: a folder (local or ``gs://``) where it keeps its state, so
+            that a restarted dispatcher resumes its jobs; None: in memory.
+
+    Returns:
+        The running ``DispatchServer`` (``.join()`` blocks until it stops).
+
+    Example:
+        >>> serve_dispatcher(5050).join()  # doctest: +SKIP
+    """
+    port = _port(port, zero=False)
+    config = tf.data.experimental.service.DispatcherConfig(
+        port=port, work_dir=work_dir, fault_tolerant_mode=work_dir is not None
+    )
+    server = tf.data.experimental.service.DispatchServer(config)
+    log.info(
+        "tf.data service dispatcher serving on port %d (%s); workers join it with "
+        "`chute data-service worker --dispatcher %s:%d`, trainers read with "
+        "--data-service grpc://%s:%d",
+        port,
+        f"state kept in {work_dir}" if work_dir else "state in memory",
+        socket.gethostname(),
+        port,
+        socket.gethostname(),
+        port,
+    )
+    return server
+
+
+def serve_worker(dispatcher: str, *, port: int = 0, address: str | None = None) -> Any:
+    """Starts a ``tf.data`` service worker that runs pipelines for ``dispatcher``.
+
+    Args:
+        dispatcher: the dispatcher's ``HOST:PORT`` (or ``grpc://HOST:PORT``).
+        port: this worker's port (0: any free one).
+        address: the host name trainers reach this worker at; default:
+            ``localhost`` when the dispatcher runs here, else this machine's name.
+
+    Returns:
+        The running ``WorkerServer`` (``.join()`` blocks until it stops).
+
+    Example:
+        >>> serve_worker("10.0.0.2:5050").join()  # doctest: +SKIP
+    """
+    target = check_address("dispatcher", dispatcher)
+    port = _port(port, zero=True)
+    host_port = target.split("://", 1)[1]
+    if address is None:
+        local = host_port.rsplit(":", 1)[0] in _LOCAL
+        address = "localhost" if local else socket.gethostname()
+    config = tf.data.experimental.service.WorkerConfig(
+        dispatcher_address=host_port, worker_address=f"{address}:%port%", port=port
+    )
+    server = tf.data.experimental.service.WorkerServer(config)
+    log.info(
+        "tf.data service worker for dispatcher %s, reached at %s (port %s): it reads "
+        "shards and runs chute's pipeline for the trainers' jobs",
+        host_port,
+        address,
+        port or "any",
+    )
+    return server
+
+
+def wait(server: Any) -> None:
+    """Returns when the process gets SIGINT (Ctrl-C) or SIGTERM; ``server`` serves
+    meanwhile (its threads run on their own)."""
+    stop = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    log.info("tf.data service server stopping (%s)", type(server).__name__)
+
+
+def job_name(namespace: str, pipelines: int) -> str | None:
+    """The name several input pipelines (hosts) share so that they read one job together
+    (as the service requires under ``TPUStrategy`` and ``MultiWorkerMirroredStrategy``);
+    None for a single pipeline (an anonymous job of its own each epoch).
+
+    The cluster (``TF_CONFIG``) enters the name, so two runs on the same data from
+    different clusters never share a job."""
+    if pipelines <= 1:
+        return None
+    cluster = os.environ.get("TF_CONFIG", "") + os.environ.get("TPU_NAME", "")
+    digest = hashlib.sha256(f"{namespace}|{pipelines}|{cluster}".encode()).hexdigest()[:16]
+    return f"chute-{digest}"
+
+
+def read_through(dataset, address: str, *, name: str | None):
+    """``dataset`` (chute's pipeline, batches included) run by the service's workers with
+    dynamic sharding; this process receives the batches. Each iteration is a new job."""
+    return dataset.apply(
+        tf.data.experimental.service.distribute(
+            processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
+            service=address,
+            job_name=name,
+        )
+    )
