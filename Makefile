@@ -32,6 +32,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_convert.py --memory --json benchmarks/results/convert.json
 	$(BIN)/python benchmarks/bench_reader.py --json benchmarks/results/reader.json
 	$(BIN)/python benchmarks/bench_photos.py --json benchmarks/results/photos.json
+	$(BIN)/python benchmarks/bench_service.py --json benchmarks/results/service.json
 
 clean:
 	rm -rf $(VENV) chute-demo .pytest_cache
