@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     convert = commands.add_parser(
         "convert",
         help="convert an image dataset into TFRecord shards with a manifest",
-        description="Convert a class-per-folder tree, a pre-split tree, a CSV/JSONL list, "
+        description="Convert a class-per-folder tree, a pre-split tree, a .zip or .tar(.gz) "
+        "of one, WebDataset .tar shards ('shard-{000000..000099}.tar'), a CSV/JSONL list, "
         "a .npz file or keras:cifar10|cifar100|mnist|fashion_mnist into sharded TFRecords.",
     )
     convert.add_argument("source", metavar="SRC")
@@ -143,6 +144,13 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--output", required=True, metavar="DIR")
     export.add_argument("--overwrite", action="store_true")
 
+    _add_bench(commands)
+    _add_data_service(commands)
+    _add_demo(commands)
+    return parser
+
+
+def _add_bench(commands) -> None:
     bench = commands.add_parser(
         "bench", help="time chute.load against Keras's loaders on the same images"
     )
@@ -156,6 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
 
+
+def _add_data_service(commands) -> None:
     service = commands.add_parser(
         "data-service",
         help="run a tf.data service dispatcher or worker (preprocessing on spare machines)",
@@ -179,6 +189,8 @@ def _parser() -> argparse.ArgumentParser:
         "(default: localhost with a local dispatcher, else this machine's name)",
     )
 
+
+def _add_demo(commands) -> None:
     demo = commands.add_parser("demo", help="run the whole job on a built-in sample (no download)")
     demo.add_argument(
         "directory",
@@ -191,7 +203,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--epochs", type=int, default=8, help="training epochs, 0 to skip (default 8)"
     )
-    return parser
 
 
 class _Bars:
@@ -208,7 +219,8 @@ class _Bars:
 
         bar = self.bars.get(phase)
         if bar is None:
-            bar = self.bars[phase] = tqdm(total=total, desc=phase, unit="img", leave=False)
+            unit = {"unit": "B", "unit_scale": True} if phase == "unpack" else {"unit": "img"}
+            bar = self.bars[phase] = tqdm(total=total, desc=phase, leave=False, **unit)
         bar.update(done - bar.n)
 
     def close(self) -> None:

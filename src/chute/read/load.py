@@ -192,16 +192,7 @@ def load(
         data_service=data_service,
     )
     try:
-        device, keras_on_host, host = _augmentations(spec, plan, augment_on)
-        plan, lost = _without_unreadable(plan)
-        counters = _counters(lost) if plan.skip_corrupt else {}
-        dataset = build(plan, counters=counters, augmentation=keras_on_host, host=host)
-        if counters:
-            dataset = _counted_per_epoch(dataset, counters, lost)
-        if plan.data_service:
-            dataset = _through_service(dataset, plan)
-        elif input_context is not None:
-            _log_share(plan, input_context)
+        dataset, device, counters = _dataset(plan, spec, augment_on, input_context)
     except BaseException:
         release_cache(plan.cache_bytes)
         raise
@@ -217,6 +208,21 @@ def load(
         sum(counters[name].numpy() * sign for name, sign in _COUNTED.items() if name in counters)
     )
     return dataset
+
+
+def _dataset(plan: ReadPlan, spec, augment_on: str, input_context):
+    """The pipeline of ``plan``: ``(dataset, augmentation left to the device, counters)``."""
+    device, keras_on_host, host = _augmentations(spec, plan, augment_on)
+    plan, lost = _without_unreadable(plan)
+    counters = _counters(lost) if plan.skip_corrupt else {}
+    dataset = build(plan, counters=counters, augmentation=keras_on_host, host=host)
+    if counters:
+        dataset = _counted_per_epoch(dataset, counters, lost)
+    if plan.data_service:
+        dataset = _through_service(dataset, plan)
+    elif input_context is not None:
+        _log_share(plan, input_context)
+    return dataset, device, counters
 
 
 def _augmentations(spec, plan: ReadPlan, augment_on: str):

@@ -161,13 +161,7 @@ def make_plan(
             seed, cache = _through_service(seed, cache, skip_corrupt)
         else:
             data_service = None  # evaluation reads here: every example exactly once
-    if pad_final_batch and training:
-        raise ChuteError("`pad_final_batch` applies to evaluation (training=False) only")
-    if pad_final_batch and label_mode is None:
-        raise ChuteError(
-            "`pad_final_batch` yields (images, labels, weights): it needs labels. "
-            "Received: label_mode=None"
-        )
+    _check_padding(pad_final_batch, training, label_mode)
     stored = manifest.image
     size = parse_image_size(image_size) or stored.size
     if size is None:
@@ -176,17 +170,9 @@ def make_plan(
             "Received: image_size=None"
         )
     shape = (*size, stored.channels)
-    if crop_fraction is None:
-        crop_fraction = default_crop_fraction(stored)
-    crop_fraction = checks.number_in("crop_fraction", crop_fraction, 0.0, 1.0)
-    if crop_fraction == 0:
-        raise checks.bad_value("crop_fraction", crop_fraction, "a number in (0, 1]")
-    random_crop = None
-    if training and augment.crop:
-        random_crop = (
-            _range("crop_scale", crop_scale, 0.0, 1.0),
-            _range("crop_ratio", crop_ratio, 0.0, 100.0),
-        )
+    crop_fraction, random_crop = _crops(
+        stored, crop_fraction, training and augment.crop, crop_scale, crop_ratio
+    )
     pipelines, index, replicas = 1, 0, 1
     if input_context is not None:
         pipelines = input_context.num_input_pipelines
@@ -203,14 +189,7 @@ def make_plan(
     # batch is kept short, and the trainer regroups them (no example dropped there).
     per_image = per_image or data_service is not None
 
-    files, counts = manifest.shard_paths(split), manifest.shard_counts(split)
-    by_file = pipelines > 1 and len(files) >= pipelines
-    if data_service:  # the service deals the split's shards to its workers as they ask
-        by_file, sizes = True, [manifest.num_examples(split) // pipelines] * pipelines
-    elif by_file:  # enough shards: each input pipeline reads its own files
-        files, counts = files[index::pipelines], counts[index::pipelines]
-    if not data_service:
-        sizes = pipeline_sizes(manifest, split, pipelines)
+    files, counts, sizes, every_nth = _share(manifest, split, pipelines, index, data_service)
     num_examples = sizes[index]
     if training:  # every pipeline runs the smallest's steps: no host waits for another
         steps = min(size // batch_size for size in sizes)
@@ -220,7 +199,6 @@ def make_plan(
         steps = -(-num_examples // batch_size)
     if num_examples == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
-    every_nth = (pipelines, index) if pipelines > 1 and not by_file else None
     return ReadPlan(
         files=tuple(files),
         counts=tuple(counts),
@@ -256,6 +234,42 @@ def make_plan(
         data_service=data_service,
         job_name=service.job_name(namespace, pipelines) if data_service else None,
     )
+
+
+def _check_padding(pad_final_batch: bool, training: bool, label_mode) -> None:
+    if pad_final_batch and training:
+        raise ChuteError("`pad_final_batch` applies to evaluation (training=False) only")
+    if pad_final_batch and label_mode is None:
+        raise ChuteError(
+            "`pad_final_batch` yields (images, labels, weights): it needs labels. "
+            "Received: label_mode=None"
+        )
+
+
+def _crops(stored: ImageSpec, crop_fraction, random: bool, crop_scale, crop_ratio) -> tuple:
+    """``(evaluation's centre-crop fraction, training's random-crop ranges or None)``."""
+    if crop_fraction is None:
+        crop_fraction = default_crop_fraction(stored)
+    crop_fraction = checks.number_in("crop_fraction", crop_fraction, 0.0, 1.0)
+    if crop_fraction == 0:
+        raise checks.bad_value("crop_fraction", crop_fraction, "a number in (0, 1]")
+    if not random:
+        return crop_fraction, None
+    scale = _range("crop_scale", crop_scale, 0.0, 1.0)
+    return crop_fraction, (scale, _range("crop_ratio", crop_ratio, 0.0, 100.0))
+
+
+def _share(manifest: Manifest, split: str, pipelines: int, index: int, data_service) -> tuple:
+    """What input pipeline ``index`` of ``pipelines`` reads: ``(files, counts, the examples
+    of every pipeline, every_nth)``: its own shards when there are enough, else every
+    n-th record of all; through the service, all of them (dealt out by the dispatcher)."""
+    files, counts = manifest.shard_paths(split), manifest.shard_counts(split)
+    if data_service:
+        return files, counts, [manifest.num_examples(split) // pipelines] * pipelines, None
+    sizes = pipeline_sizes(manifest, split, pipelines)
+    if pipelines > 1 and len(files) >= pipelines:
+        return files[index::pipelines], counts[index::pipelines], sizes, None
+    return files, counts, sizes, (pipelines, index) if pipelines > 1 else None
 
 
 def _through_service(seed, cache, skip_corrupt: bool) -> tuple[None, None]:
