@@ -770,7 +770,7 @@ def test_a_file_listed_twice_is_kept_once_and_reported(tmp_path):
     found = sources.scan(str(tmp_path / "list.csv"))
     assert [item.key for item in found.items] == ["imgs/cat/000.png", "imgs/dog/000.png"]
     assert found.class_names == ["cat", "dog"]  # "bird" came only with the repeated row
-    reasons = [r["reason"] for r in found.repeats]
+    reasons = [r["reason"] for r in found.rejects]
     assert len(reasons) == 2 and all("line 2 lists the same file" in r for r in reasons)
     assert "with label 'bird', not 'cat'" in reasons[0]
     result = chute.convert(tmp_path / "list.csv", tmp_path / "out", workers=1)

@@ -100,8 +100,22 @@ class BeamJob:
         self.options = _pipeline_options(runner, pipeline_args)
         self._check_options()  # what Beam checks when a pipeline is made: before any work
 
+    def _archive(self, source: str) -> ChuteError:
+        return ChuteError(
+            "`runner` converts image files (a folder, or a CSV/JSONL list of paths); an "
+            "archive or WebDataset source is read by local worker processes. Received: "
+            f"runner={self.runner!r}, source={source!r}; drop the runner, or extract the "
+            "archive where the workers can read it"
+        )
+
     def check_paths(self, source: str, output: str) -> None:
         """Refuses, before the source is scanned, what the workers could not read or write."""
+        from chute.ingest import archives, webdataset
+
+        if archives.is_archive(source) or (
+            webdataset.is_pattern(source) and not storage.exists(source)
+        ):
+            raise self._archive(source)
         if source.startswith("keras:") or source.lower().endswith(".npz"):
             raise ChuteError(
                 "`runner` converts image files (a folder, or a CSV/JSONL list of paths); an "
@@ -116,6 +130,8 @@ class BeamJob:
 
     def check_source(self, found: Any) -> None:
         """Refuses a scanned source whose images Beam's workers could not read."""
+        if found.members:
+            raise self._archive(found.location)
         if found.items[0].path is None:
             raise ChuteError(
                 "`runner` converts image files (a folder, or a CSV/JSONL list of paths); an "

@@ -96,16 +96,19 @@ def convert(
 
     Args:
         source: a class-per-folder tree (optionally pre-split into
-            train/val/test), a ``.csv``/``.jsonl`` list of ``path,label``, a
-            ``.npz`` with ``x``/``y``, or ``keras:cifar10`` (``cifar100``,
-            ``mnist``, ``fashion_mnist``).
+            train/val/test), a ``.zip`` or ``.tar`` (``.tar.gz``, ...) archive of
+            one, WebDataset ``.tar`` shards (``"data/shard-{000000..000099}.tar"``),
+            a ``.csv``/``.jsonl`` list of ``path,label``, a ``.npz`` with
+            ``x``/``y``, or ``keras:cifar10`` (``cifar100``, ``mnist``,
+            ``fashion_mnist``).
         output: the directory to write (local, ``gs://``, ``ram://``, ...).
         options: a :class:`~chute.ingest.options.ConvertOptions`; or pass its fields
             as keywords (``image_size=75, color_mode="grayscale"``).
         workers: worker processes (default: all cores). Output does not depend on it.
         overwrite: replace an existing conversion made with other options.
         allow_outside: let a list name files outside its own folder.
-        progress: called as ``progress(phase, done, total)`` while working.
+        progress: called as ``progress(phase, done, total)`` while working: images
+            for ``"check"`` and ``"write"``, bytes for ``"unpack"`` (a compressed tar).
         runner: encode and write on Apache Beam (``pip install chute[beam]``):
             ``"DirectRunner"``, ``"DataflowRunner"``, ``"FlinkRunner"`` or
             ``"SparkRunner"``. This process still scans the source, reads headers
@@ -153,36 +156,39 @@ def convert(
     # No cycles worth collecting are made here; a full collection walks every object.
     with collector.paused():
         storage.check_output(output, "output")
-        found = sources.scan(source, allow_outside=allow_outside)
-        log.info(
-            "%s: %d images in %d classes (%s)",
-            source,
-            len(found.items),
-            len(found.class_names),
-            found.kind,
+        found = sources.scan(
+            source, allow_outside=allow_outside, max_pixels=options.max_pixels, progress=progress
         )
-        if beam is not None:
-            beam.check_source(found)
-        files = resume.listing(found)
-        with resume.locked(output):
-            done = resume.existing_state(source, output, options, overwrite, files)
-            if done is not None:
-                log.info("%s already holds this conversion; nothing to do", output)
-                resume.remove_work_dir(output)
-                return ConvertResult(done, output, already_done=True)
-            processes = workers if len(found.items) > ENCODE_CHUNK else 1
-            with worker_pool.start_pool(processes, on_crash=_crashed) as pool:
-                spec, shards, rejects = _plan(found, options, pool, progress)
-                notes = _start_writing(found, shards, spec, output, options, beam is None)
-                if beam is None:
-                    written = _write_shards(
-                        found, shards, notes, spec, output, options, pool, progress
-                    )
-            if beam is not None:  # Beam encodes and writes the rest; the notes tell the manifest
-                resumed = sum(note is not None for note in notes.values())
-                notes = beam.write_shards(found, shards, notes, spec, output, options)
-                written = _account(found, shards, notes, resumed, progress)
-            manifest = _finish(found, spec, options, written, rejects, files, output)
+        with found:  # closing it deletes what a compressed tar was unpacked to
+            log.info(
+                "%s: %d images in %d classes (%s)",
+                source,
+                len(found.items),
+                len(found.class_names),
+                found.kind,
+            )
+            if beam is not None:
+                beam.check_source(found)
+            files = resume.listing(found)
+            with resume.locked(output):
+                done = resume.existing_state(source, output, options, overwrite, files)
+                if done is not None:
+                    log.info("%s already holds this conversion; nothing to do", output)
+                    resume.remove_work_dir(output)
+                    return ConvertResult(done, output, already_done=True)
+                processes = workers if len(found.items) > ENCODE_CHUNK else 1
+                with worker_pool.start_pool(processes, on_crash=_crashed) as pool:
+                    spec, shards, rejects = _plan(found, options, pool, progress)
+                    notes = _start_writing(found, shards, spec, output, options, beam is None)
+                    if beam is None:
+                        written = _write_shards(
+                            found, shards, notes, spec, output, options, pool, progress
+                        )
+                if beam is not None:  # Beam encodes and writes the rest; notes tell the manifest
+                    resumed = sum(note is not None for note in notes.values())
+                    notes = beam.write_shards(found, shards, notes, spec, output, options)
+                    written = _account(found, shards, notes, resumed, progress)
+                manifest = _finish(found, spec, options, written, rejects, files, output)
     return ConvertResult(
         manifest, output, resumed_shards=written.resumed, seconds=time.perf_counter() - started
     )
@@ -255,7 +261,7 @@ def _plan(
     if plan_lib.needs_headers(options):
         probes = _probe(found, everything, options, pool, progress)
     spec = plan_lib.image_spec(options, probes)
-    rejects = list(found.repeats)  # rows listing a file again
+    rejects = list(found.rejects)  # refused while scanning (a list naming a file again, ...)
     rejects += [
         {"key": found.items[i].key, "reason": p.reject}
         for i, p in enumerate(probes or [])

@@ -21,6 +21,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from chute.format import storage
 from chute.format.spec import ImageSpec
+from chute.ingest.members import Member, MemberError, open_member, read_member
 from chute.ingest.options import DEFAULT_MAX_PIXELS
 
 cv2.setNumThreads(1)  # parallelism comes from worker processes
@@ -65,6 +66,8 @@ def _open(source: bytes | Any, max_pixels: int) -> Image.Image:
         raise Rejected("not an image Pillow can identify") from None
     except Image.DecompressionBombError as error:  # Pillow's own guard (outside workers)
         raise Rejected(f"too many pixels: {error}") from None
+    except MemberError as reason:  # the archive's data, not the image's header, is damaged
+        raise Rejected(str(reason)) from None
     except Exception as error:  # untrusted bytes: any parser failure is a bad file
         raise Rejected(f"unreadable image header: {_describe(error)}") from None
     width, height = image.size
@@ -86,15 +89,32 @@ def _orientation(image: Image.Image) -> int:
         return 1
 
 
-def read(path: str) -> bytes:
+def read(payload: str | Member, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
+    """The bytes of an image file (a path) or of an archive member: where every input
+    file is read. ``max_pixels`` bounds what a member may hold (see
+    :mod:`chute.ingest.members`).
+
+    Raises:
+        Rejected: the file cannot be read (the message says why).
+
+    Example:
+        >>> read(Member("data.zip", "zip", "cats/1.png", 0, 912))[:4]  # doctest: +SKIP
+        b'\\x89PNG'
+    """
+    if isinstance(payload, Member):
+        try:
+            return read_member(payload, max_pixels)
+        except MemberError as reason:
+            raise Rejected(str(reason)) from None
     try:
-        return storage.read_bytes(path)
+        return storage.read_bytes(payload)
     except OSError as error:
         raise Rejected(f"cannot read file: {error.strerror or error}") from None
 
 
 def probe_chunk(payloads: list[Any], max_pixels: int) -> list[Probe]:
-    """Reads the headers of a chunk of items (paths or pixel arrays), not their pixels."""
+    """Reads the headers of a chunk of items (paths, archive members or pixel arrays),
+    not their pixels."""
     return [_probe(payload, max_pixels) for payload in payloads]
 
 
@@ -103,6 +123,9 @@ def _probe(payload: Any, max_pixels: int) -> Probe:
         gray = payload.ndim == 2
         return Probe(None, gray, payload.shape[0], payload.shape[1], "ARRAY", payload.nbytes)
     try:
+        if isinstance(payload, Member):
+            with open_member(payload, max_pixels) as (handle, size):
+                return _probe_header(handle, size, max_pixels)  # reads the header only
         if storage.is_local(payload):
             with open(storage.local_path(payload), "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
@@ -111,7 +134,7 @@ def _probe(payload: Any, max_pixels: int) -> Probe:
         return _probe_header(io.BytesIO(data), len(data), max_pixels)
     except OSError as error:
         return Probe(f"cannot read file: {error.strerror or error}", False, 0, 0, "", 0)
-    except Rejected as reason:
+    except (Rejected, MemberError) as reason:
         return Probe(str(reason), False, 0, 0, "", 0)
     except Exception as error:  # untrusted bytes: any failure rejects this file only
         return Probe(f"unreadable image header: {_describe(error)}", False, 0, 0, "", 0)
@@ -270,7 +293,7 @@ def _load(payload: Any, spec: ImageSpec, max_pixels: int) -> tuple[Image.Image, 
     if isinstance(payload, Image.Image):
         image = payload
     else:
-        data = payload if isinstance(payload, bytes) else read(payload)
+        data = payload if isinstance(payload, bytes) else read(payload, max_pixels)
         image = _open(data, max_pixels)
     orientation = _orientation(image)
     # an upright JPEG kept at its size, in the right mode, is stored untouched
@@ -371,7 +394,8 @@ def load_pixels(
     the same pixels.
 
     Args:
-        payload: a path (local or TF filesystem), the file's bytes, a pixel
+        payload: a path (local or TF filesystem), an archive
+            :class:`~chute.ingest.members.Member`, the file's bytes, a pixel
             array, or a Pillow image.
         spec: size, channels, resize mode and interpolation (``height`` None:
             the image keeps its size).

@@ -35,7 +35,8 @@ def encode_chunk(
     """Hashes, decodes, converts, resizes and encodes a chunk; frames the records.
 
     Args:
-        items: ``(key, label, payload)`` triples; payload is a path or an array.
+        items: ``(key, label, payload)`` triples; payload is a path, an archive
+            :class:`~chute.ingest.members.Member` or an array.
         spec: how to store the images.
         max_pixels: larger images are rejected.
 
@@ -49,7 +50,7 @@ def encode_chunk(
             if isinstance(payload, np.ndarray):
                 digest = hashlib.sha256(str(payload.shape).encode() + payload.tobytes()).digest()
             else:
-                payload = read(payload)
+                payload = read(payload, max_pixels)
                 digest = hashlib.sha256(payload).digest()
             out.append(Encoded(digest, encode_one(key, label, payload, spec, max_pixels), None))
         except Rejected as reason:

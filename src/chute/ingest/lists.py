@@ -17,7 +17,13 @@ from chute.format import storage
 from chute.ingest.sources import SPLIT_ALIASES, Item, Source
 
 
-def _class_names(labels: list[str]) -> list[str]:
+def class_names_of(labels: list[str]) -> list[str]:
+    """The class names of string labels, sorted: numerically when all are integers.
+
+    Example:
+        >>> class_names_of(["10", "2", "2", "01"])
+        ['01', '2', '10']
+    """
     unique = set(labels)
     if all(label.lstrip("-").isdigit() for label in unique):
         return sorted(unique, key=lambda label: (int(label), label))  # "1" and "01" stay apart
@@ -95,7 +101,7 @@ def scan_list(path: str, *, allow_outside: bool) -> Source:
         number = next(n for n, _, label, _ in rows if not label)
         raise ChuteError(f"{path}, line {number}: the label is empty")
     rows, repeats = _first_of_each_file(path, base, rows, allow_outside)
-    class_names = _class_names([label for *_, label, _, _ in rows])
+    class_names = class_names_of([label for *_, label, _, _ in rows])
     label_of = {name: i for i, name in enumerate(class_names)}
     presplit = any(split for *_, split, _ in rows)
     items = []
@@ -111,7 +117,7 @@ def scan_list(path: str, *, allow_outside: bool) -> Source:
         items.append(Item(rel, label_of[label], split_name, resolved))
     items.sort(key=lambda item: (item.split or "", item.key))
     kind = "jsonl" if path.lower().endswith(".jsonl") else "csv"
-    return Source(kind, path, class_names, items, presplit=presplit, repeats=repeats)
+    return Source(kind, path, class_names, items, presplit=presplit, rejects=repeats)
 
 
 def _first_of_each_file(

@@ -122,7 +122,18 @@ def _now() -> str:
 
 def listing(found: sources.Source) -> list[tuple[str, int, int]]:
     """Each source file's ``(key, size, modification time in ns)``, sorted by key: what
-    tells a changed source on a re-run (-1 where the filesystem does not say cheaply)."""
+    tells a changed source on a re-run (-1 where the filesystem does not say cheaply).
+    An archive source lists its archive files (one, or every WebDataset shard)."""
+    if found.containers:
+        rows = []
+        for container in found.containers:
+            size, mtime = -1, -1
+            if storage.is_local(container):
+                with contextlib.suppress(OSError):
+                    stat = os.stat(storage.local_path(container))
+                    size, mtime = stat.st_size, stat.st_mtime_ns
+            rows.append((container, size, mtime))
+        return sorted(rows)
     if found.kind in ("npz", "keras") or not found.items or found.items[0].path is None:
         location = found.location
         if found.kind == "npz" and storage.is_local(location):

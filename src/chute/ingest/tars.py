@@ -1,0 +1,277 @@
+"""Tar archives, plain or compressed, listed for :mod:`chute.ingest.archives`.
+
+A plain tar is read in place: each member's data offset and size are listed,
+and workers read them with plain file reads. A compressed tar (gzip, bzip2,
+xz: detected from its first bytes, whatever its name) has no random access,
+so it is read once as a stream: its image members are copied into one
+temporary file (their :class:`~chute.ingest.members.Member` points there) and
+small label members kept in memory. That costs one pass of decompression and
+the images' size on disk, never a pass per member. Unpacking refuses an
+archive that expands more than 1000-fold (beyond 256 MiB), checks free disk
+space before each member, and does not copy a member larger than an image
+within ``max_pixels`` can be (the worker rejects it from its size).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable
+from typing import IO
+
+from chute.errors import ChuteError
+from chute.format import storage
+from chute.ingest import members as members_lib
+from chute.ingest.archives import (
+    SMALL_MEMBER,
+    Entry,
+    Listing,
+    ProgressFn,
+    clean_name,
+    is_image,
+    link_target,
+    refuse,
+    remove,
+    resolve,
+)
+from chute.ingest.members import TAR, Member
+
+log = logging.getLogger(__name__)
+
+UNPACK_RATIO = 1000  # a compressed tar expanding more than this much is a bomb ...
+UNPACK_FLOOR = 256 << 20  # ... once it expands beyond this
+DISK_RESERVE = 256 << 20  # free space left on the temporary folder's disk
+_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")  # gzip, bzip2, xz magic numbers
+
+
+def list_tar(
+    path: str,
+    *,
+    max_pixels: int,
+    progress: ProgressFn | None = None,
+    temp_dir: str | None = None,
+) -> Listing:
+    """The files and folders of a tar archive; a compressed one is unpacked first.
+
+    Args:
+        path: the archive.
+        max_pixels: members too large for it are not unpacked.
+        progress: ``progress("unpack", bytes_read, bytes_total)`` while unpacking.
+        temp_dir: where to unpack (default: a new folder in the system's temp folder).
+
+    Raises:
+        ChuteError: not a readable tar archive, a compression bomb, or a full disk.
+    """
+    with storage.open_file(path) as handle:
+        magic = handle.read(8)
+        handle.seek(0)
+        compressed = magic.startswith(_COMPRESSED)
+        if not compressed:
+            return _list_plain_tar(path, handle)
+        made = temp_dir is None
+        temp_dir = tempfile.mkdtemp(prefix="chute-unpack-") if made else temp_dir
+        try:
+            return _unpack_tar(path, handle, max_pixels, progress, temp_dir)
+        except BaseException:
+            if made:
+                remove(temp_dir)
+            raise
+
+
+def _not_a_tar(path: str, error: BaseException) -> ChuteError:
+    return ChuteError(
+        f"`source` is not a readable tar archive. Received: source={path!r} "
+        f"({members_lib.describe_error(error)})"
+    )
+
+
+def _add_tar_member(
+    info: tarfile.TarInfo,
+    path: str,
+    files: dict[str, Entry],
+    folders: set[str],
+    rejects: list[dict],
+    member: Callable[[str], Entry],
+) -> None:
+    """Files one tar member: a folder, a file (``member(name)`` makes its entry), a link,
+    or a reject."""
+    name, unsafe = clean_name(info.name)
+    if name is None:
+        refuse(rejects, info.name, unsafe, path)
+        return
+    if not name:
+        return
+    if info.isdir():
+        folders.add(name)
+    elif info.issym() or info.islnk():
+        inside, written = link_target(name, info.linkname, relative=info.issym())
+        if inside is None:
+            files[name] = Entry(name, reject=f"a link to {written!r}, outside the archive")
+        else:
+            files[name] = Entry(name, link=inside)
+    elif info.issparse():
+        files[name] = Entry(name, reject="a sparse file inside the archive: not supported")
+    elif info.isreg():
+        files[name] = member(name)
+    else:
+        files[name] = Entry(name, reject="not a regular file inside the archive")
+
+
+def _list_plain_tar(path: str, handle: IO[bytes]) -> Listing:
+    """An uncompressed tar: each member's data offset and size, read in place later."""
+    files: dict[str, Entry] = {}
+    folders: set[str] = set()
+    rejects: list[dict] = []
+    try:
+        archive = tarfile.open(fileobj=handle, mode="r:")  # noqa: SIM115 (the handle is closed)
+    except (tarfile.TarError, OSError, EOFError) as error:
+        raise _not_a_tar(path, error) from None
+    while True:
+        try:
+            info = archive.next()
+        except (tarfile.TarError, OSError, EOFError) as error:
+            log.warning("%s ends early or is damaged (%s): members after it are missing",
+                        path, error)  # fmt: skip
+            break
+        if info is None:  # the end blocks, or (tarfile says nothing) a header cut short
+            handle.seek(archive.offset)
+            if handle.read(tarfile.BLOCKSIZE).strip(b"\0"):
+                log.warning("%s ends inside a member header: members after it are missing", path)
+            break
+        archive.members = []  # the listing is all we keep: bounded memory for huge archives
+        _add_tar_member(
+            info,
+            path,
+            files,
+            folders,
+            rejects,
+            lambda name, i=info: Entry(name, Member(path, TAR, i.name, i.offset_data, i.size)),
+        )
+    return Listing(resolve(files, folders), folders, rejects, None)
+
+
+class _Counting:
+    """A file object that reports how much of it was read."""
+
+    def __init__(self, raw: IO[bytes], total: int, progress: ProgressFn | None):
+        self._raw, self._total, self._progress = raw, total, progress
+        self.done = self._shown = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self.done += len(data)
+        if self._progress and self.done - self._shown >= 1 << 20:  # every MiB
+            self._shown = self.done
+            self._progress("unpack", self.done, self._total)
+        return data
+
+    def finish(self) -> None:
+        if self._progress:
+            self._progress("unpack", self._total, self._total)
+
+
+def _unpack_tar(
+    path: str,
+    handle: IO[bytes],
+    max_pixels: int,
+    progress: ProgressFn | None,
+    temp_dir: str,
+) -> Listing:
+    """A compressed tar, read once as a stream: image members are copied into one plain
+    file in ``temp_dir`` (their Members point there), small label members kept in memory."""
+    from chute.ingest.webdataset import LABEL_EXTENSIONS
+
+    packed = handle.seek(0, os.SEEK_END)
+    handle.seek(0)
+    budget = max(UNPACK_FLOOR, UNPACK_RATIO * packed)
+    limit = members_lib.max_member_bytes(max_pixels)
+    files: dict[str, Entry] = {}
+    folders: set[str] = set()
+    rejects: list[dict] = []
+    data_path = os.path.join(temp_dir, f"{len(os.listdir(temp_dir)):06d}.data")
+    counting = _Counting(handle, packed, progress)
+    try:
+        archive = tarfile.open(fileobj=counting, mode="r|*")  # noqa: SIM115 (as above)
+    except (tarfile.TarError, OSError, EOFError) as error:
+        raise _not_a_tar(path, error) from None
+
+    with open(data_path, "wb") as out:
+
+        def member(name: str, info: tarfile.TarInfo) -> Entry:
+            if not is_image(name) and name.lower().rsplit(".", 1)[-1] not in LABEL_EXTENSIONS:
+                return Entry(name, reject="not unpacked")  # neither an image nor a label
+            if not is_image(name):  # a label: small, kept in memory
+                if info.size > SMALL_MEMBER:
+                    return Entry(name, reject=f"too large for a label ({info.size} bytes)")
+                return Entry(name, data=_read_all(archive, info))
+            if info.size > limit:  # rejected by the worker's size guard, never unpacked
+                return Entry(name, Member(data_path, TAR, info.name, -1, info.size))
+            if shutil.disk_usage(temp_dir).free < info.size + DISK_RESERVE:
+                raise ChuteError(
+                    f"Not enough free disk space in {temp_dir} to unpack `source`. Received: "
+                    f"source={path!r}; set TMPDIR to a folder on a larger disk, or extract "
+                    "the archive and convert the folder"
+                )
+            offset = out.tell()
+            copied = _copy(archive, info, out)
+            if copied < info.size:  # the archive ended inside it: the worker says truncated
+                raise _Truncated(Entry(name, Member(data_path, TAR, info.name, offset, info.size)))
+            return Entry(name, Member(data_path, TAR, info.name, offset, info.size))
+
+        while True:
+            try:
+                info = archive.next()
+                if info is None:
+                    break
+                if info.offset_data + info.size > budget:
+                    raise ChuteError(
+                        f"`source` expands more than {UNPACK_RATIO}-fold ({packed} bytes "
+                        f"packed, a member ends at byte {info.offset_data + info.size}): a "
+                        f"compression bomb? Received: source={path!r}"
+                    )
+                archive.members = []
+                _add_tar_member(
+                    info, path, files, folders, rejects, lambda name, i=info: member(name, i)
+                )
+            except _Truncated as cut:
+                files[cut.entry.name] = cut.entry
+                log.warning("%s ends inside member %s: members after it are missing",
+                            path, cut.entry.member.name)  # fmt: skip
+                break
+            except ChuteError:
+                raise
+            except (tarfile.TarError, OSError, EOFError, ValueError) as error:
+                log.warning("%s is damaged or ends early (%s): members after it are missing",
+                            path, members_lib.describe_error(error))  # fmt: skip
+                break
+    counting.finish()
+    return Listing(resolve(files, folders), folders, rejects, temp_dir)
+
+
+class _Truncated(Exception):
+    def __init__(self, entry: Entry):
+        super().__init__(entry.name)
+        self.entry = entry
+
+
+def _read_all(archive: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+    source = archive.extractfile(info)
+    return source.read() if source is not None else b""
+
+
+def _copy(archive: tarfile.TarFile, info: tarfile.TarInfo, out: IO[bytes]) -> int:
+    """Copies a member's data to ``out``; returns how much there was (less: truncated)."""
+    source = archive.extractfile(info)
+    copied = 0
+    if source is None:
+        return 0
+    try:
+        while block := source.read(1 << 20):
+            out.write(block)
+            copied += len(block)
+    except (tarfile.TarError, OSError, EOFError) as error:
+        log.warning("reading %s: %s", info.name, members_lib.describe_error(error))
+    return copied
