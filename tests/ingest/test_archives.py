@@ -612,6 +612,6 @@ def test_beam_runner_refuses_archive_sources_before_reading_them(tmp_path):
     pytest.importorskip("apache_beam")
     archive = zip_folder(make_folder(tmp_path / "made", {"a": 2, "b": 2}), tmp_path / "d.zip")
     for source in (archive, str(tmp_path / "shard-{0..3}.tar")):
-        with pytest.raises(ChuteError, match=r"archive or WebDataset source.*DirectRunner"):
+        with pytest.raises(ChuteError, match=r"WebDataset or Parquet source.*DirectRunner"):
             chute.convert(source, tmp_path / "out", runner="DirectRunner")
     assert not (tmp_path / "out").exists()

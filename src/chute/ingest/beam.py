@@ -103,7 +103,7 @@ class BeamJob:
     def _archive(self, source: str) -> ChuteError:
         return ChuteError(
             "`runner` converts image files (a folder, or a CSV/JSONL list of paths); an "
-            "archive or WebDataset source is read by local worker processes. Received: "
+            "archive, WebDataset or Parquet source is read by local worker processes. Received: "
             f"runner={self.runner!r}, source={source!r}; drop the runner, or extract the "
             "archive where the workers can read it"
         )

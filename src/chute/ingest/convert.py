@@ -157,7 +157,12 @@ def convert(
     with collector.paused():
         storage.check_output(output, "output")
         found = sources.scan(
-            source, allow_outside=allow_outside, max_pixels=options.max_pixels, progress=progress
+            source,
+            allow_outside=allow_outside,
+            max_pixels=options.max_pixels,
+            progress=progress,
+            image_column=options.image_column,
+            label_column=options.label_column,
         )
         with found:  # closing it deletes what a compressed tar was unpacked to
             log.info(

@@ -75,6 +75,11 @@ class ConvertOptions:
         test_fraction: share of each class held out for testing.
         seed: seed of the split and of the record order.
         shard_size_mb: target size of one shard file.
+        image_column: Parquet sources: the column holding the images (a
+            ``{bytes, path}`` struct or bytes); default: the ``Image`` feature of
+            the Hugging Face metadata, else ``image``.
+        label_column: Parquet sources: the column holding the labels; default:
+            the ``ClassLabel`` feature, else ``label``.
         hosts: hosts that will read the dataset in parallel (the hosts of a TPU
             pod slice, the workers of a multi-worker run): by default 16 shards
             per host, and every split's shard count a multiple of ``hosts``, so
@@ -117,6 +122,14 @@ class ConvertOptions:
     hosts: int = option(
         1, "hosts that will read it (TPU pod slice hosts, workers): 16 shards each, a multiple of N"
     )
+    image_column: str | None = option(
+        None, "Parquet: the column of images (default: the Image feature, or 'image')", type=str,
+        metavar="NAME",
+    )  # fmt: skip
+    label_column: str | None = option(
+        None, "Parquet: the column of labels (default: the ClassLabel feature, or 'label')",
+        type=str, metavar="NAME",
+    )  # fmt: skip
     max_pixels: int = option(DEFAULT_MAX_PIXELS, "reject larger images (decompression bombs)")
     keep_metadata: bool = option(False, "keep EXIF/XMP/GPS in JPEGs stored as they came")
     shorter_side: int | None = option(

@@ -113,6 +113,8 @@ def scan(
     allow_outside: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     progress: Callable[[str, int, int], None] | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> Source:
     """Lists a source's items and class names, sorted and deterministic.
 
@@ -124,7 +126,9 @@ def scan(
         max_pixels: the conversion's pixel limit; a compressed tar's members too
             large for it are not unpacked (they are rejected).
         progress: called as ``progress("unpack", bytes_done, bytes_total)``
-            while a compressed tar is unpacked.
+            while a compressed tar or Parquet files are unpacked.
+        image_column: Parquet: the column of images (default: found from the schema).
+        label_column: Parquet: the column of labels (default: found from the schema).
 
     Returns:
         The :class:`Source`; close it (or use it as a context manager) to delete
@@ -141,10 +145,14 @@ def scan(
     """
     if not isinstance(source, str | os.PathLike) or not str(source):
         raise ChuteError(f"`source` must be a path or 'keras:NAME'. Received: source={source!r}")
-    from chute.ingest import archives, arrays, lists, webdataset
+    from chute.ingest import archives, arrays, lists, parquet, webdataset
 
     source = os.fspath(source)
-    if source.startswith("keras:"):
+    columns = {"image_column": image_column, "label_column": label_column}
+    if source.startswith("hf:"):
+        folder = parquet.download(source)
+        found = parquet.scan_parquet(folder, max_pixels=max_pixels, progress=progress, **columns)
+    elif source.startswith("keras:"):
         found = arrays.scan_keras(source)
     elif webdataset.is_pattern(source) and not storage.exists(source):
         found = webdataset.scan_pattern(source, max_pixels=max_pixels, progress=progress)
@@ -152,7 +160,11 @@ def scan(
         if not storage.exists(source):
             raise ChuteError(f"`source` does not exist. Received: source={source!r}")
         lower = source.lower()
-        if storage.isdir(source):
+        if parquet.is_parquet_source(source):
+            found = parquet.scan_parquet(
+                source, max_pixels=max_pixels, progress=progress, **columns
+            )
+        elif storage.isdir(source):
             found = _scan_folder(source)
         elif lower.endswith((".csv", ".jsonl")):
             found = lists.scan_list(source, allow_outside=allow_outside)
@@ -162,11 +174,18 @@ def scan(
             found = archives.scan_archive(source, max_pixels=max_pixels, progress=progress)
         else:
             raise ChuteError(
-                "`source` must be a folder, a .csv, .jsonl or .npz file, a "
+                "`source` must be a folder, a .csv, .jsonl, .npz or .parquet file, a "
                 f"{', '.join(archives.SUFFIXES)} archive, a pattern of WebDataset .tar shards "
                 f"or one of {sorted('keras:' + k for k in arrays.KERAS_CLASS_NAMES)}. "
                 f"Received: source={source!r}"
             )
+    given = [f"{name}={value!r}" for name, value in columns.items() if value is not None]
+    if given and found.kind != "parquet":
+        found.close()
+        raise ChuteError(
+            f"`{given[0].split('=')[0]}` applies to Parquet sources; `source` is a "
+            f"{found.kind} source. Received: {', '.join(given)}"
+        )
     if not found.items:
         found.close()
         where = (
