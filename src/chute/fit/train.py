@@ -72,7 +72,7 @@ class _Inputs:
     input_shape: tuple[int, int, int]
     crop_fraction: float
     augment_on: str  # where the heavy augmentations run: "host" or "device"
-    per_host: bool = False  # a distributed dataset per host, repeated: fit needs the steps
+    repeated: bool = False  # the training data repeats: fit is told the steps of an epoch
     val_steps: int | None = None  # with per_host under Keras's fit
     val_padded: float = 1.0  # validation examples Keras counts per real one (padding)
 
@@ -231,8 +231,17 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
             **training,
         )
     else:
-        train_ds = load(manifest, "train", batch_size=global_batch, seed=config.seed, **training)
-        # through the tf.data service an epoch is what its workers deliver (one job)
+        # Through the tf.data service: repeated, each repetition a job of `steps` batches
+        # (the epoch Keras is told; a job cut short by a lost worker ends sooner).
+        repeated = config.data_service is not None
+        train_ds = load(
+            manifest,
+            "train",
+            batch_size=global_batch,
+            seed=config.seed,
+            repeat=repeated,
+            **training,
+        )
         steps = manifest.num_examples("train") // global_batch
     if steps == 0:
         raise ChuteError(
@@ -271,7 +280,7 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
         shape,
         crop_fraction,
         augment_on,
-        per_host=per_host,
+        repeated=per_host or config.data_service is not None,
         val_steps=val_steps,
         val_padded=val_padded,
     )
@@ -414,7 +423,7 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
         inputs.train,
         validation_data=inputs.val,
         epochs=phase.epochs,
-        steps_per_epoch=inputs.steps if inputs.per_host else None,
+        steps_per_epoch=inputs.steps if inputs.repeated else None,
         validation_steps=inputs.val_steps,
         callbacks=callbacks,
         class_weight=class_weight,
