@@ -98,6 +98,7 @@ def convert(
         source: a class-per-folder tree (optionally pre-split into
             train/val/test), a ``.zip`` or ``.tar`` (``.tar.gz``, ...) archive of
             one, WebDataset ``.tar`` shards (``"data/shard-{000000..000099}.tar"``),
+            Hugging Face Parquet files (a folder or a file) or ``hf:OWNER/NAME``,
             a ``.csv``/``.jsonl`` list of ``path,label``, a ``.npz`` with
             ``x``/``y``, or ``keras:cifar10`` (``cifar100``, ``mnist``,
             ``fashion_mnist``).

@@ -16,7 +16,10 @@ Recognised sources (see :func:`scan`):
   archive of such a tree, read member by member (see :mod:`chute.ingest.archives`);
 * WebDataset tar shards, ``{key}.jpg`` beside ``{key}.cls`` (or ``.txt``,
   ``.json``), one ``.tar`` or a pattern such as ``shard-{000000..000099}.tar``
-  (see :mod:`chute.ingest.webdataset`).
+  (see :mod:`chute.ingest.webdataset`);
+* Hugging Face Parquet files (a folder in the Hub's layout, or one ``.parquet``
+  file), or ``hf:OWNER/NAME[:CONFIG]`` downloaded from the Hub (see
+  :mod:`chute.ingest.parquet`).
 """
 
 from __future__ import annotations
@@ -121,7 +124,8 @@ def scan(
     Args:
         source: a folder, a ``.csv``/``.jsonl``/``.npz`` file, a ``.zip`` or
             ``.tar`` (``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``) archive,
-            a pattern of WebDataset ``.tar`` shards, or ``keras:NAME``.
+            a pattern of WebDataset ``.tar`` shards, Parquet files (a folder or a
+            ``.parquet`` file), ``hf:OWNER/NAME[:CONFIG]``, or ``keras:NAME``.
         allow_outside: let a list name files outside its own folder.
         max_pixels: the conversion's pixel limit; a compressed tar's members too
             large for it are not unpacked (they are rejected).
