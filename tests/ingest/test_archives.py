@@ -25,7 +25,8 @@ from helpers import all_records, make_folder, run_cli, write_image
 
 import chute
 from chute.errors import ChuteError
-from chute.ingest import members, sources, tars, webdataset
+from chute.ingest import sources
+from chute.ingest.sources import members, tars, webdataset
 from chute.tools.inspect import inspect
 
 OPTIONS = {"val_fraction": 0.25, "workers": 1}

@@ -19,7 +19,7 @@ from PIL import Image
 
 import chute
 from chute.errors import ChuteError
-from chute.ingest import parquet
+from chute.ingest.sources import parquet
 
 CLASSES = ["angular_leaf_spot", "bean_rust", "healthy"]
 

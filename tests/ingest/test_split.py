@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from chute import ChuteError
-from chute.ingest.sources import Item
+from chute.ingest.sources.base import Item
 from chute.ingest.split import LeakGuard, split_items
 
 

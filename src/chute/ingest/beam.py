@@ -110,7 +110,7 @@ class BeamJob:
 
     def check_paths(self, source: str, output: str) -> None:
         """Refuses, before the source is scanned, what the workers could not read or write."""
-        from chute.ingest import archives, webdataset
+        from chute.ingest.sources import archives, webdataset
 
         if archives.is_archive(source) or (
             webdataset.is_pattern(source) and not storage.exists(source)
@@ -349,7 +349,7 @@ def _build(
 def _rank(name: str) -> int:
     """The split rank of a shard name: train 0, val 1, test 2 (lower outranks)."""
     from chute.ingest.plan import SHARD_NAME
-    from chute.ingest.sources import SPLITS
+    from chute.ingest.sources.base import SPLITS
 
     return SPLITS.index(SHARD_NAME.match(name)[1])
 

@@ -21,8 +21,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from chute.format import storage
 from chute.format.spec import ImageSpec
-from chute.ingest.members import Member, MemberError, open_member, read_member
 from chute.ingest.options import DEFAULT_MAX_PIXELS
+from chute.ingest.sources.members import Member, MemberError, open_member, read_member
 
 cv2.setNumThreads(1)  # parallelism comes from worker processes
 _FILTERS = {
@@ -92,7 +92,7 @@ def _orientation(image: Image.Image) -> int:
 def read(payload: str | Member, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
     """The bytes of an image file (a path) or of an archive member: where every input
     file is read. ``max_pixels`` bounds what a member may hold (see
-    :mod:`chute.ingest.members`).
+    :mod:`chute.ingest.sources.members`).
 
     Raises:
         Rejected: the file cannot be read (the message says why).
@@ -395,7 +395,7 @@ def load_pixels(
 
     Args:
         payload: a path (local or TF filesystem), an archive
-            :class:`~chute.ingest.members.Member`, the file's bytes, a pixel
+            :class:`~chute.ingest.sources.members.Member`, the file's bytes, a pixel
             array, or a Pillow image.
         spec: size, channels, resize mode and interpolation (``height`` None:
             the image keeps its size).

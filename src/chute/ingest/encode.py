@@ -36,7 +36,7 @@ def encode_chunk(
 
     Args:
         items: ``(key, label, payload)`` triples; payload is a path, an archive
-            :class:`~chute.ingest.members.Member` or an array.
+            :class:`~chute.ingest.sources.members.Member` or an array.
         spec: how to store the images.
         max_pixels: larger images are rejected.
 

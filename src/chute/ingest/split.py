@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from chute.errors import ChuteError
-from chute.ingest.sources import SPLITS, Item
+from chute.ingest.sources.base import SPLITS, Item
 
 _RANK = {name: rank for rank, name in enumerate(SPLITS)}  # train outranks val outranks test
 

@@ -38,12 +38,18 @@ import tempfile
 
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.ingest import archives, tars
-from chute.ingest import members as members_lib
-from chute.ingest.lists import class_names_of
-from chute.ingest.sources import IMAGE_EXTENSIONS, LITTER, Item, Source
+from chute.ingest.sources import archives, tars
+from chute.ingest.sources import members as members_lib
+from chute.ingest.sources.base import (
+    IMAGE_EXTENSIONS,
+    LABEL_EXTENSIONS,
+    LITTER,
+    Item,
+    ProgressFn,
+    Source,
+    class_names_of,
+)
 
-LABEL_EXTENSIONS = ("cls", "json", "txt")  # in the order a sample's label is looked for
 IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)
 MAX_SHARDS = 100_000
 _BRACES = re.compile(r"\{([^{}]*)\}")
@@ -136,9 +142,7 @@ def shard_paths(pattern: str) -> list[str]:
     return paths
 
 
-def scan_pattern(
-    pattern: str, *, max_pixels: int, progress: archives.ProgressFn | None = None
-) -> Source:
+def scan_pattern(pattern: str, *, max_pixels: int, progress: ProgressFn | None = None) -> Source:
     """The samples of every shard a pattern names, as one :class:`Source`.
 
     Raises:

@@ -13,7 +13,7 @@ import numpy as np
 
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.ingest.sources import SPLITS, Item, Source
+from chute.ingest.sources.base import SPLITS, Item, Source
 from chute.lazy import keras
 
 KERAS_CLASS_NAMES = {

@@ -24,20 +24,19 @@ from typing import IO
 
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.ingest import members as members_lib
-from chute.ingest.archives import (
+from chute.ingest.sources import members as members_lib
+from chute.ingest.sources.archives import (
     SMALL_MEMBER,
     Entry,
     Listing,
-    ProgressFn,
     clean_name,
-    is_image,
     link_target,
     refuse,
     remove,
     resolve,
 )
-from chute.ingest.members import TAR, Member
+from chute.ingest.sources.base import LABEL_EXTENSIONS, ProgressFn, is_image
+from chute.ingest.sources.members import TAR, Member
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +181,6 @@ def _unpack_tar(
 ) -> Listing:
     """A compressed tar, read once as a stream: image members are copied into one plain
     file in ``temp_dir`` (their Members point there), small label members kept in memory."""
-    from chute.ingest.webdataset import LABEL_EXTENSIONS
-
     packed = handle.seek(0, os.SEEK_END)
     handle.seek(0)
     budget = max(UNPACK_FLOOR, UNPACK_RATIO * packed)

@@ -36,10 +36,15 @@ from typing import Any
 
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.ingest import members as members_lib
-from chute.ingest.lists import class_names_of
-from chute.ingest.members import TAR, Member
-from chute.ingest.sources import IMAGE_EXTENSIONS, SPLIT_ALIASES, Item, Source
+from chute.ingest.sources import members as members_lib
+from chute.ingest.sources.base import (
+    IMAGE_EXTENSIONS,
+    SPLIT_ALIASES,
+    Item,
+    Source,
+    class_names_of,
+)
+from chute.ingest.sources.members import TAR, Member
 
 log = logging.getLogger(__name__)
 

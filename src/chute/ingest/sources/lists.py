@@ -14,20 +14,7 @@ import posixpath
 
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.ingest.sources import SPLIT_ALIASES, Item, Source
-
-
-def class_names_of(labels: list[str]) -> list[str]:
-    """The class names of string labels, sorted: numerically when all are integers.
-
-    Example:
-        >>> class_names_of(["10", "2", "2", "01"])
-        ['01', '2', '10']
-    """
-    unique = set(labels)
-    if all(label.lstrip("-").isdigit() for label in unique):
-        return sorted(unique, key=lambda label: (int(label), label))  # "1" and "01" stay apart
-    return sorted(unique)
+from chute.ingest.sources.base import SPLIT_ALIASES, Item, Source, class_names_of
 
 
 def scan_list(path: str, *, allow_outside: bool) -> Source:

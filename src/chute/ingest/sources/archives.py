@@ -34,27 +34,26 @@ one temporary file, deleted when the conversion ends (see
 from __future__ import annotations
 
 import logging
-import os
 import posixpath
 import re
 import shutil
 import stat
 import zipfile
-from collections.abc import Callable
 from typing import NamedTuple
 
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.ingest import members as members_lib
-from chute.ingest.members import TAR, ZIP, Member
-from chute.ingest.sources import (
-    IMAGE_EXTENSIONS,
+from chute.ingest.sources import members as members_lib
+from chute.ingest.sources.base import (
+    LABEL_EXTENSIONS,
     LITTER,
     Item,
     Source,
     class_layout,
+    is_image,
     visible_folders,
 )
+from chute.ingest.sources.members import ZIP, Member
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,6 @@ TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz
 SUFFIXES = ZIP_SUFFIXES + TAR_SUFFIXES
 SMALL_MEMBER = 64 << 10  # label members and link targets are read while scanning, up to this
 _LINK_HOPS = 8
-ProgressFn = Callable[[str, int, int], None]
 
 
 class Entry(NamedTuple):
@@ -104,31 +102,6 @@ def is_archive(path: str) -> bool:
 def is_tar(path: str) -> bool:
     """Whether ``path`` is named like a (possibly compressed) tar archive."""
     return path.lower().endswith(TAR_SUFFIXES)
-
-
-def scan_archive(path: str, *, max_pixels: int, progress: ProgressFn | None = None) -> Source:
-    """The items of a zip or tar archive: a class tree, or WebDataset samples (a tar).
-
-    Raises:
-        ChuteError: the archive is unreadable or a compression bomb, or its tree
-            breaks the folder rules.
-
-    Example:
-        >>> scan_archive("flowers.zip", max_pixels=10**8).kind  # doctest: +SKIP
-        'zip'
-    """
-    if is_tar(path):
-        from chute.ingest import tars, webdataset
-
-        listing = tars.list_tar(path, max_pixels=max_pixels, progress=progress)
-        try:
-            if webdataset.looks_like(listing.files):
-                return webdataset.samples_source(path, [(storage.basename(path), listing)])
-            return tree_source(TAR, path, listing)
-        except BaseException:
-            remove(listing.temp_dir)
-            raise
-    return tree_source(ZIP, path, list_zip(path))
 
 
 # -- the tree -----------------------------------------------------------------------------
@@ -227,11 +200,6 @@ def _join(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
-def is_image(name: str) -> bool:
-    """Whether a file name has an image extension chute reads (any letter case)."""
-    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
-
-
 # -- names and links ----------------------------------------------------------------------
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -269,8 +237,6 @@ def link_target(link_name: str, target: str, *, relative: bool) -> tuple[str | N
 
 def refuse(rejects: list[dict], raw: str, reason: str, location: str) -> None:
     """An unsafe member: rejected when named like an image or label, else only logged."""
-    from chute.ingest.webdataset import LABEL_EXTENSIONS
-
     if is_image(raw) or raw.lower().rsplit(".", 1)[-1] in LABEL_EXTENSIONS:
         rejects.append({"key": raw, "reason": reason})
     else:

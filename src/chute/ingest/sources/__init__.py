@@ -1,0 +1,184 @@
+"""Sources: turn a dataset as people have it into a list of labelled items.
+
+Recognised sources (see :func:`scan`):
+
+* a folder with one sub-folder per class (nested folders belong to their
+  top-level class; hidden entries skipped; symlinks followed, loops cut);
+* a pre-split folder: ``train/<class>/…``, ``val/<class>/…`` (or
+  ``validation``), optional ``test/<class>/…``;
+* a CSV or JSONL list of ``path,label`` (optional ``split`` column), paths
+  relative to the list's folder;
+* a ``.npz`` file with ``x``/``y`` (or ``x_train``/``y_train`` and
+  ``x_test``/``y_test``) uint8 arrays, optional ``class_names``;
+* ``keras:cifar10``, ``keras:cifar100``, ``keras:mnist``,
+  ``keras:fashion_mnist`` through ``keras.datasets``;
+* a ``.zip`` or ``.tar`` (``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``)
+  archive of such a tree, read member by member (see :mod:`.archives`, :mod:`.tars`);
+* WebDataset tar shards, ``{key}.jpg`` beside ``{key}.cls`` (or ``.txt``,
+  ``.json``), one ``.tar`` or a pattern such as ``shard-{000000..000099}.tar``
+  (see :mod:`.webdataset`);
+* Hugging Face Parquet files (a folder in the Hub's layout, or one ``.parquet``
+  file), or ``hf:OWNER/NAME[:CONFIG]`` downloaded from the Hub (see
+  :mod:`.parquet`).
+
+One module per kind; :mod:`.base` holds what they share (a leaf), and
+:func:`scan` picks the kind from a table of ``(recognises, scanner)`` rows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+from chute.errors import ChuteError
+from chute.format import storage
+from chute.ingest.options import DEFAULT_MAX_PIXELS
+from chute.ingest.sources import archives, arrays, lists, parquet, tars, webdataset
+from chute.ingest.sources.base import (
+    IMAGE_EXTENSIONS,
+    SPLITS,
+    Item,
+    ProgressFn,
+    Source,
+)
+from chute.ingest.sources.folder import image_files, scan_folder
+from chute.ingest.sources.members import TAR, ZIP
+
+__all__ = ["IMAGE_EXTENSIONS", "SPLITS", "Item", "Source", "image_files", "scan"]
+
+
+class _Request(NamedTuple):
+    """What the caller of :func:`scan` asked, passed to every kind's scanner."""
+
+    allow_outside: bool
+    max_pixels: int
+    progress: ProgressFn | None
+    columns: dict[str, str | None]
+
+
+def _scan_archive(path: str, request: _Request) -> Source:
+    """A zip or tar of class folders, or a tar of WebDataset samples."""
+    if not archives.is_tar(path):
+        return archives.tree_source(ZIP, path, archives.list_zip(path))
+    listing = tars.list_tar(path, max_pixels=request.max_pixels, progress=request.progress)
+    try:
+        if webdataset.looks_like(listing.files):
+            return webdataset.samples_source(path, [(storage.basename(path), listing)])
+        return archives.tree_source(TAR, path, listing)
+    except BaseException:
+        archives.remove(listing.temp_dir)
+        raise
+
+
+def _scan_parquet(path: str, request: _Request) -> Source:
+    return parquet.scan_parquet(
+        path, max_pixels=request.max_pixels, progress=request.progress, **request.columns
+    )
+
+
+def _is_pattern(source: str) -> bool:
+    return webdataset.is_pattern(source) and not storage.exists(source)
+
+
+def _ends(*suffixes: str) -> Callable[[str], bool]:
+    return lambda source: source.lower().endswith(suffixes)
+
+
+# (recognises, must exist, scanner), tried in order: the first that recognises the source scans it.
+_KINDS: list[tuple[Callable[[str], bool], bool, Callable[[str, _Request], Source]]] = [
+    (lambda s: s.startswith("hf:"), False, lambda s, r: _scan_parquet(parquet.download(s), r)),
+    (lambda s: s.startswith("keras:"), False, lambda s, r: arrays.scan_keras(s)),
+    (
+        _is_pattern,
+        False,
+        lambda s, r: webdataset.scan_pattern(s, max_pixels=r.max_pixels, progress=r.progress),
+    ),
+    (lambda s: storage.exists(s) and parquet.is_parquet_source(s), True, _scan_parquet),
+    (lambda s: storage.exists(s) and storage.isdir(s), True, lambda s, r: scan_folder(s)),
+    (_ends(".csv", ".jsonl"), True, lambda s, r: lists.scan_list(s, allow_outside=r.allow_outside)),
+    (_ends(".npz"), True, lambda s, r: arrays.scan_npz(s)),
+    (archives.is_archive, True, _scan_archive),
+]
+
+
+def scan(
+    source: str,
+    *,
+    allow_outside: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    progress: Callable[[str, int, int], None] | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
+) -> Source:
+    """Lists a source's items and class names, sorted and deterministic.
+
+    Args:
+        source: a folder, a ``.csv``/``.jsonl``/``.npz`` file, a ``.zip`` or
+            ``.tar`` (``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``) archive,
+            a pattern of WebDataset ``.tar`` shards, Parquet files (a folder or a
+            ``.parquet`` file), ``hf:OWNER/NAME[:CONFIG]``, or ``keras:NAME``.
+        allow_outside: let a list name files outside its own folder.
+        max_pixels: the conversion's pixel limit; a compressed tar's members too
+            large for it are not unpacked (they are rejected).
+        progress: called as ``progress("unpack", bytes_done, bytes_total)``
+            while a compressed tar or Parquet files are unpacked.
+        image_column: Parquet: the column of images (default: found from the schema).
+        label_column: Parquet: the column of labels (default: found from the schema).
+
+    Returns:
+        The :class:`Source`; close it (or use it as a context manager) to delete
+        what a compressed tar was unpacked to.
+
+    Raises:
+        ChuteError: the source is missing, of an unknown kind, malformed, or empty.
+
+    Example:
+        >>> scan("keras:mnist").class_names[:3]  # doctest: +SKIP
+        ['0', '1', '2']
+        >>> scan("data/shard-{000000..000003}.tar").kind  # doctest: +SKIP
+        'webdataset'
+    """
+    if not isinstance(source, str | os.PathLike) or not str(source):
+        raise ChuteError(f"`source` must be a path or 'keras:NAME'. Received: source={source!r}")
+    source = os.fspath(source)
+    columns = {"image_column": image_column, "label_column": label_column}
+    request = _Request(allow_outside, max_pixels, progress, columns)
+    for recognises, must_exist, scanner in _KINDS:
+        if recognises(source):
+            if must_exist and not storage.exists(source):
+                raise ChuteError(f"`source` does not exist. Received: source={source!r}")
+            found = scanner(source, request)
+            break
+    else:
+        if not storage.exists(source):
+            raise ChuteError(f"`source` does not exist. Received: source={source!r}")
+        raise ChuteError(
+            "`source` must be a folder, a .csv, .jsonl, .npz or .parquet file, a "
+            f"{', '.join(archives.SUFFIXES)} archive, a pattern of WebDataset .tar shards "
+            f"or one of {sorted('keras:' + k for k in arrays.KERAS_CLASS_NAMES)}. "
+            f"Received: source={source!r}"
+        )
+    given = [f"{name}={value!r}" for name, value in columns.items() if value is not None]
+    if given and found.kind != "parquet":
+        found.close()
+        raise ChuteError(
+            f"`{given[0].split('=')[0]}` applies to Parquet sources; `source` is a "
+            f"{found.kind} source. Received: {', '.join(given)}"
+        )
+    if not found.items:
+        found.close()
+        where = (
+            "in WebDataset samples ({key}.<image> beside {key}.cls, .txt or .json)"
+            if found.kind == "webdataset"
+            else "inside class folders"
+        )
+        refused = ""
+        if found.rejects:
+            first = found.rejects[0]
+            refused = f"; {len(found.rejects)} refused, first {first['key']!r}: {first['reason']}"
+        raise ChuteError(
+            f"`source` holds no images. Received: source={source!r} (looked for files ending in "
+            f"{', '.join(sorted(IMAGE_EXTENSIONS))}, in any letter case, {where}{refused})"
+        )
+    return found
