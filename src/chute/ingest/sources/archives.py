@@ -1,8 +1,8 @@
 """Archives as a source: a ``.zip`` or ``.tar`` of class folders, read without extracting.
 
 The scan lists the members; worker processes later read each image member
-themselves (see :mod:`chute.ingest.members`). A tar holding WebDataset
-samples is handed to :mod:`chute.ingest.webdataset`.
+themselves (see :mod:`.members`). A tar holding WebDataset
+samples is handed to :mod:`.webdataset`.
 
 The rules are the folder scanner's, applied to the members' paths, so an
 archive converts as its extracted folder does (same keys, labels, pixels and
@@ -27,8 +27,8 @@ other file).
 
 Zips and plain tars are read in place; a compressed tar is unpacked once into
 one temporary file, deleted when the conversion ends (see
-:mod:`chute.ingest.tars`). Workers guard every read against bombs (see
-:mod:`chute.ingest.members`).
+:mod:`.tars`). Workers guard every read against bombs (see
+:mod:`.members`).
 """
 
 from __future__ import annotations

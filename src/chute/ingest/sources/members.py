@@ -6,7 +6,7 @@ member themselves: a zip member through :mod:`zipfile` (one open ``ZipFile``
 per archive is kept in each process), a tar member by its offset and size
 with plain file reads (tar stores members uncompressed, one after the other;
 a compressed tar is unpacked once while scanning, see
-:mod:`chute.ingest.archives`).
+:mod:`.archives`).
 
 Nothing is read before its declared size passes two guards, so a
 decompression bomb is rejected without filling memory: a member larger than

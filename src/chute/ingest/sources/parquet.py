@@ -10,7 +10,7 @@ else from the folder it is in (``train``, ``validation``/``val``/``valid``,
 
 Parquet has no random access to one row, so the files are read once, batch by
 batch with pyarrow (memory stays flat): every image's bytes go into one
-temporary file, as a compressed tar's do (:mod:`chute.ingest.tars`), and the
+temporary file, as a compressed tar's do (:mod:`.tars`), and the
 workers read them by offset (:class:`~chute.ingest.members.Member`). The
 temporary file is deleted when the conversion ends.
 

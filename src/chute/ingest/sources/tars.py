@@ -1,4 +1,4 @@
-"""Tar archives, plain or compressed, listed for :mod:`chute.ingest.archives`.
+"""Tar archives, plain or compressed, listed for :mod:`.archives`.
 
 A plain tar is read in place: each member's data offset and size are listed,
 and workers read them with plain file reads. A compressed tar (gzip, bzip2,

@@ -17,7 +17,7 @@ label that does not parse, is rejected with the reason; so are truncated and
 undecodable members. Hidden files and ``__MACOSX`` are skipped, as in folders.
 
 The source is one ``.tar`` (compressed ones too: unpacked once, see
-:mod:`chute.ingest.archives`), or a pattern naming shards: brace ranges and
+:mod:`.archives`), or a pattern naming shards: brace ranges and
 lists (``shard-{000000..000099}.tar``, ``{train,extra}-0.tar``) and globs
 (``shards/*.tar``). A single tar is read as WebDataset when at least half of
 its images have a label member in their sample, otherwise as a class tree;
