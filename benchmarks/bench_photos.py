@@ -283,7 +283,8 @@ def pixels(photos: str) -> dict:
     from PIL import Image, ImageOps
 
     from chute.format.spec import ImageSpec
-    from chute.ingest import decode
+    from chute.image.decode import load_pixels
+    from chute.image.resize import resize
 
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(photos) for f in fs)[:40]
     spec = ImageSpec(224, 224, 3, "raw", resize="crop")
@@ -291,9 +292,9 @@ def pixels(photos: str) -> dict:
     for path in files:
         if not path.endswith(".jpg"):
             continue
-        scaled, _ = decode.load_pixels(path, spec)
+        scaled, _ = load_pixels(path, spec)
         image = ImageOps.exif_transpose(Image.open(path)).convert("RGB")
-        full = decode.resize(np.asarray(image), 224, 224, "crop", "bilinear")
+        full = resize(np.asarray(image), 224, 224, "crop", "bilinear")
         differences.append(np.abs(scaled.astype(int) - full.astype(int)).ravel())
     everything = np.concatenate(differences)
     return {

@@ -20,6 +20,8 @@ from PIL import Image
 
 import chute
 from chute.format.spec import ImageSpec
+from chute.image import decode as image_decode
+from chute.image.header import Rejected
 from chute.ingest import decode as decoding
 from chute.ingest import encode
 
@@ -658,38 +660,20 @@ def test_encode_chunk_reports_rejects_and_keeps_going(tmp_path):
     assert results[0].record == encode.encode_one("g1", 0, str(good), spec)
     assert results[2].record == encode.encode_one("g2", 2, str(good), spec)
     assert results[0].digest == results[2].digest == hashlib.sha256(good.read_bytes()).digest()
-    with pytest.raises(decoding.Rejected):
+    with pytest.raises(Rejected):
         encode.encode_one("e", 1, str(empty), spec)
-    with pytest.raises(decoding.Rejected):
+    with pytest.raises(Rejected):
         encode.encode_one("x", 0, str(tmp_path / "missing.png"), spec)
 
 
 # -- the OpenCV fast path for plain PNGs -----------------------------------------------------------
 
 
-def _chunk(kind: bytes, body: bytes = b"") -> bytes:
-    import zlib
-
-    return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
-
-
-def test_png_chunk_walk_finds_chunk_types_not_their_letters():
-    ihdr = _chunk(b"IHDR", bytes(13))
-    signature = b"\x89PNG\r\n\x1a\n"
-    texted = signature + ihdr + _chunk(b"tEXt", b"note\0tRNS eXIf") + _chunk(b"IEND")
-    assert not decoding._png_has_chunk(texted, (b"eXIf", b"tRNS"))
-    with_trns = signature + ihdr + _chunk(b"tRNS", bytes(6)) + _chunk(b"IEND")
-    assert decoding._png_has_chunk(with_trns, (b"eXIf", b"tRNS"))
-    after_data = signature + ihdr + _chunk(b"IDAT", b"x") + _chunk(b"eXIf", b"y") + _chunk(b"IEND")
-    assert decoding._png_has_chunk(after_data, (b"eXIf", b"tRNS"))
-    assert decoding._png_has_chunk(texted[:-20], (b"eXIf",))  # truncated: Pillow decides
-
-
 def test_plain_png_takes_the_fast_path_with_the_same_pixels(tmp_path):
     pixels = np.random.default_rng(3).integers(0, 256, (9, 7, 3), dtype=np.uint8)
     path = write_image(tmp_path / "x.png", pixels)
     spec = ImageSpec(height=None, width=None, channels=3, encoding="raw")
-    assert decoding._png_fast(path.read_bytes(), spec, 10**6) is not None
+    assert image_decode._png_fast(path.read_bytes(), spec, 10**6) is not None
     np.testing.assert_array_equal(decode(encode_record(tmp_path, str(path), spec)), pixels)
 
 
@@ -701,7 +685,7 @@ def test_png_with_orientation_or_transparency_goes_through_pillow(tmp_path):
     rotated = tmp_path / "rotated.png"
     Image.fromarray(stored).save(rotated, exif=exif)
     spec = ImageSpec(height=None, width=None, channels=1, encoding="raw")
-    assert decoding._png_fast(rotated.read_bytes(), spec, 10**6) is None
+    assert image_decode._png_fast(rotated.read_bytes(), spec, 10**6) is None
     record = encode_record(tmp_path, str(rotated), spec)
     np.testing.assert_array_equal(decode(record)[..., 0], np.rot90(stored, k=-1))
 
@@ -709,8 +693,8 @@ def test_png_with_orientation_or_transparency_goes_through_pillow(tmp_path):
     keyed = tmp_path / "keyed.png"
     Image.fromarray(rgb).save(keyed, transparency=(200, 200, 200))
     spec = ImageSpec(height=None, width=None, channels=3, encoding="raw")
-    assert decoding._png_fast(keyed.read_bytes(), spec, 10**6) is None
-    expected = np.asarray(decoding.to_channels(Image.open(keyed), 3))
+    assert image_decode._png_fast(keyed.read_bytes(), spec, 10**6) is None
+    expected = np.asarray(image_decode.to_channels(Image.open(keyed), 3))
     np.testing.assert_array_equal(decode(encode_record(tmp_path, str(keyed), spec)), expected)
 
 
@@ -732,7 +716,7 @@ def test_any_decoder_exception_rejects_the_image_only(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", load)
     spec = ImageSpec(height=4, width=4, channels=1, encoding="raw")
-    with pytest.raises(decoding.Rejected, match="unpack requires"):
+    with pytest.raises(Rejected, match="unpack requires"):
         encode.encode_one("odd", 0, str(odd), spec)
     assert encode.encode_one("good", 0, str(good), spec)
     result = convert(tmp_path / "src", tmp_path / "out", image_size=4, color_mode="grayscale")

@@ -5,23 +5,6 @@ from __future__ import annotations
 import pytest
 
 from chute import ChuteError, ConvertOptions
-from chute.ingest.options import parse_image_size
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (75, (75, 75)),
-        ("75", (75, 75)),
-        ("75x100", (75, 100)),
-        ("32X48", (32, 48)),
-        ((10, 20), (10, 20)),
-        ([10, 20], (10, 20)),
-        (None, None),
-    ],
-)
-def test_image_size_forms(value, expected):
-    assert parse_image_size(value) == expected
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "75x", "-3", 0, True, (1, 2, 3), 1.5, (0, 5), 70000])

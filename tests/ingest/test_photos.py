@@ -15,7 +15,8 @@ from PIL.JpegImagePlugin import JpegImageFile
 import chute
 from chute import ChuteError
 from chute.format.spec import ImageSpec
-from chute.ingest import decode as decoding
+from chute.image import resize as resizing
+from chute.image.decode import load_pixels
 
 ORIENTATION = 0x0112
 
@@ -48,7 +49,7 @@ def full_decode(path: Path, spec: ImageSpec) -> np.ndarray:
     from PIL import ImageOps
 
     pixels = np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
-    return decoding.resize(pixels, spec.height, spec.width, spec.resize, spec.interpolation)
+    return resizing.resize(pixels, spec.height, spec.width, spec.resize, spec.interpolation)
 
 
 @pytest.mark.parametrize("resize", ["stretch", "crop", "pad"])
@@ -67,7 +68,7 @@ def test_large_jpegs_decode_at_a_reduced_scale_close_to_a_full_decode(
         return result
 
     monkeypatch.setattr(JpegImageFile, "draft", spy)
-    pixels, _ = decoding.load_pixels(str(path), spec)
+    pixels, _ = load_pixels(str(path), spec)
     monkeypatch.undo()
     assert pixels.shape == (112, 96, 3)
     ((asked, got),) = drafted
@@ -82,7 +83,7 @@ def test_small_targets_of_small_images_are_decoded_in_full(tmp_path, monkeypatch
     path = photo(tmp_path / "small.jpg", (120, 160))
     asked = []
     monkeypatch.setattr(JpegImageFile, "draft", lambda self, mode, size: asked.append(size))
-    decoding.load_pixels(str(path), ImageSpec(100, 100, 3, "raw", resize="crop"))
+    load_pixels(str(path), ImageSpec(100, 100, 3, "raw", resize="crop"))
     assert asked == []  # 100 is more than half of 120: no DCT scale would fit
 
 
@@ -124,11 +125,11 @@ def test_shorter_side_keeps_aspect_ratios_and_shrinks_only_large_photos(tmp_path
 
 
 def test_shorter_side_from_the_command_line(tmp_path):
-    from helpers import run_cli
+    from helpers import run_here
 
     photo(tmp_path / "src" / "a" / "x.jpg", (300, 400))
     photo(tmp_path / "src" / "b" / "y.jpg", (300, 400), seed=1)
-    done = run_cli("convert", tmp_path / "src", tmp_path / "out", "--shorter-side", "150")
+    done = run_here("convert", tmp_path / "src", tmp_path / "out", "--shorter-side", "150")
     assert done.returncode == 0, done.stderr
     assert "shorter side <= 150 x3 jpeg" in done.stdout
     record = all_records(tmp_path / "out")[0]
@@ -173,14 +174,3 @@ def test_jpegs_stored_as_they_came_lose_their_metadata_unless_asked(tmp_path, ke
         assert b"CameraMaker" not in stored and stored.endswith(b"\xff\xd9")
         same = np.asarray(Image.open(io.BytesIO(stored)))
         np.testing.assert_array_equal(same, np.asarray(Image.open(io.BytesIO(original))))
-
-
-def test_stripping_keeps_every_image_segment_of_baseline_and_progressive_jpegs():
-    pixels = np.random.default_rng(1).integers(0, 256, (17, 23, 3), dtype=np.uint8)
-    for progressive in (False, True):
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, format="JPEG", progressive=progressive)
-        plain = buffer.getvalue()
-        assert decoding.strip_jpeg_metadata(plain) == plain  # nothing to strip
-        assert decoding.strip_jpeg_metadata(plain + b"junk") == plain
-    assert decoding.strip_jpeg_metadata(plain[:40]) is None  # cut inside a segment

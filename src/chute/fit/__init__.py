@@ -1,2 +1,3 @@
 """The train stage: ``config``, ``strategy``, ``models``, the run directory, ``train`` (and
-the multi-worker ``loop``), ``evaluate``, ``predict`` and ``export``."""
+the multi-worker ``loop``), ``evaluate``, ``predict``, ``export`` and ``plots`` (training
+curves, confusion)."""

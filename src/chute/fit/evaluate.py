@@ -18,10 +18,10 @@ import os
 import numpy as np
 
 from chute.errors import ChuteError
+from chute.fit.plots import HEAT_MAP_CLASSES, draw_confusion, thumbnail
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
-from chute.tools.report import HEAT_MAP_CLASSES, draw_confusion, thumbnail
 
 log = logging.getLogger(__name__)
 

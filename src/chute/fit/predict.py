@@ -2,10 +2,10 @@
 
 The "train on a TPU, recognise on a CPU" case: whatever the model was trained
 on, prediction runs on the CPU. Each image goes through the steps its record
-went through: what ``chute convert`` did (:func:`chute.ingest.decode.load_pixels`
+went through: what ``chute convert`` did (:func:`chute.image.decode.load_pixels`
 with the bundle's image spec: EXIF orientation, channels, size, resize mode,
 interpolation, and the stored encoding), then what evaluation does
-(:func:`chute.read.images.centre_crop` to the model's input size), so a file
+(:func:`chute.image.tf_ops.centre_crop` to the model's input size), so a file
 gets exactly the pixels its record gets in ``chute evaluate``. A file that
 cannot be read is reported, not fatal.
 
@@ -34,11 +34,12 @@ from chute.fit.evaluate import top_labels
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
 from chute.format.spec import ImageSpec
+from chute.image.decode import load_pixels
+from chute.image.encode import stored_bytes
+from chute.image.header import Rejected
+from chute.image.tf_ops import centre_crop
 from chute.ingest import sources
-from chute.ingest.decode import Rejected, load_pixels
-from chute.ingest.encode import stored_bytes
 from chute.lazy import tf
-from chute.read.images import centre_crop
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def predict(
 def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
     """An image as the model's evaluation data looks: ``(height, width, channels)`` uint8.
 
-    The same steps as ``chute convert`` (:func:`chute.ingest.decode.load_pixels`
+    The same steps as ``chute convert`` (:func:`chute.image.decode.load_pixels`
     and the stored encoding), then as evaluation (the centre crop of the
     bundle's ``crop_fraction``, resized to its input size).
 
@@ -216,7 +217,7 @@ def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
         bundle: gives the size, channels, resize mode and interpolation.
 
     Raises:
-        chute.ingest.decode.Rejected: the file cannot be read or decoded (the message says why).
+        chute.image.header.Rejected: the file cannot be read or decoded (the message says why).
 
     Example:
         >>> prepare_image("photo.jpg", load_bundle("runs/kn")).shape  # doctest: +SKIP

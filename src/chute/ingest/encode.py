@@ -1,24 +1,28 @@
-"""Images to framed records: hash, decode, convert, resize, encode, frame.
+"""Items to framed records: hash, prepare the image, encode, frame.
 
 Worker processes run :func:`encode_chunk` (and
 :func:`chute.ingest.decode.probe_chunk`) on chunks of items, one result per
 chunk, which keeps inter-process traffic low; results depend only on the
-inputs, so output is the same whatever the number of workers.
+inputs, so output is the same whatever the number of workers. The image
+itself is prepared by :mod:`chute.image` (decode, orientation, mode, resize,
+encoding).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 from typing import Any, NamedTuple
 
 import numpy as np
-from PIL import Image
 
 from chute.format import records
 from chute.format.spec import ImageSpec
-from chute.ingest.decode import Rejected, load_pixels, read
-from chute.ingest.options import DEFAULT_MAX_PIXELS
+from chute.image.decode import load_pixels
+from chute.image.encode import stored_bytes
+from chute.image.header import Rejected
+from chute.image.size import DEFAULT_MAX_PIXELS
+from chute.ingest.decode import read
+from chute.ingest.sources.members import Member
 
 
 class Encoded(NamedTuple):
@@ -64,10 +68,13 @@ def encode_chunk(
 def encode_one(
     key: str, label: int, payload: Any, spec: ImageSpec, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> bytes:
-    """The framed record of one item (raises :class:`Rejected` for bad input).
+    """The framed record of one item (raises :class:`~chute.image.header.Rejected` for
+    bad input).
 
-    ``payload`` is a path, the file's bytes, or a pixel array.
+    ``payload`` is a path, an archive member, the file's bytes, or a pixel array.
     """
+    if isinstance(payload, Member):  # chute.image reads paths, not archive members
+        payload = read(payload, max_pixels)
     pixels, original = load_pixels(payload, spec, max_pixels)
     height, width = pixels.shape[:2]
     return records.image_example(
@@ -79,26 +86,3 @@ def encode_one(
         encoding=spec.encoding,
         key=key,
     )
-
-
-def stored_bytes(pixels: np.ndarray, original: bytes | None, spec: ImageSpec) -> bytes:
-    """The ``image`` bytes of a record: ``original`` when it can be stored as it is, else
-    the pixels as ``spec.encoding`` says (raw, PNG, or JPEG at ``spec.quality``).
-
-    Example:
-        >>> stored_bytes(np.zeros((2, 2), np.uint8), None, ImageSpec(2, 2, 1, "raw"))
-        b'\\x00\\x00\\x00\\x00'
-    """
-    if original is not None:
-        return original
-    if spec.encoding == "raw":
-        return pixels.tobytes()
-    buffer = io.BytesIO()
-    try:
-        if spec.encoding == "png":
-            Image.fromarray(pixels).save(buffer, format="PNG", compress_level=6)
-        else:
-            Image.fromarray(pixels).save(buffer, format="JPEG", quality=spec.quality)
-    except (OSError, ValueError) as error:
-        raise Rejected(f"cannot convert image: {error}") from None
-    return buffer.getvalue()

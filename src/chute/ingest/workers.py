@@ -1,8 +1,8 @@
 """Worker processes for the CPU-bound Pillow work of a conversion.
 
 Each worker is a fresh ``python -m chute.ingest.workers`` that imports only
-:mod:`chute.ingest.encode` and :mod:`chute.ingest.decode` (Pillow, NumPy,
-OpenCV). Unlike ``multiprocessing``'s spawned workers it never re-runs the
+:mod:`chute.ingest.encode` and :mod:`chute.ingest.decode` (with :mod:`chute.image`:
+Pillow, NumPy, OpenCV). Unlike ``multiprocessing``'s spawned workers it never re-runs the
 caller's main script, so a script that imports TensorFlow at the top does not
 load it again in every worker, and no ``if __name__ == "__main__":`` guard is
 needed. Tasks go out round-robin and results come back in task order, so

@@ -3,7 +3,7 @@
 Names (``augment=[...]``), or Keras layers:
 
 - ``"crop"`` (Inception-style random-resized crop) and ``"flip"`` run on the
-  host per image, fused with decoding (:mod:`chute.read.images`): almost free;
+  host per image, fused with decoding (:mod:`chute.image.tf_ops`): almost free;
 - ``"rotation"``, ``"zoom"``, ``"translation"``, ``"contrast"``,
   ``"brightness"``, ``"randaugment"`` (Keras 3 layers on images) and
   ``"mixup"``, ``"cutmix"`` (Keras 3 layers on images and one-hot labels) are

@@ -1,13 +1,13 @@
 """From blocks of records to batches: decode, shuffle windows, batch, pad.
 
 Example:
-    >>> batches = shuffled_batches(plan, blocks, keys)  # doctest: +SKIP
+    >>> batches = shuffled_batches(plan, blocks, parallel, finished=False)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+from chute.image import tf_ops
 from chute.lazy import tf
-from chute.read import images
 from chute.read.augment import labelled
 from chute.read.plan import BLOCK, ReadPlan
 
@@ -33,7 +33,7 @@ def decoded(plan: ReadPlan, blocks, counters: dict, parallel: dict):
 
 def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
     """Records ``(bytes, label)`` -> ``(image, label)``: each decoded, cropped and resized
-    on its own (:mod:`chute.read.images`), one image per parallel call.
+    on its own (:mod:`chute.image.tf_ops`), one image per parallel call.
 
     In training, a random-resized crop (and flip) keyed by a per-image key drawn
     in read order from a seeded stream (a new one each epoch): with a seed the
@@ -45,8 +45,8 @@ def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
 
     def fitted(data, fraction):
         if whole and fraction == 1:
-            return tf.ensure_shape(images.decode(data, stored), plan.shape)
-        return images.centre_crop(data, stored, size, fraction)
+            return tf.ensure_shape(tf_ops.decode(data, stored), plan.shape)
+        return tf_ops.centre_crop(data, stored, size, fraction)
 
     if plan.training:
         keys = tf.data.Dataset.random(
@@ -63,7 +63,7 @@ def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
                     seed = tf.stack([key, tf.constant(1, tf.int64)])
                     image = tf.image.stateless_random_flip_left_right(image, seed=seed)
             else:
-                image = images.random_crop(
+                image = tf_ops.random_crop(
                     data, stored, size, key, scale=crop[0], ratio=crop[1], flip=plan.flip
                 )
             return image, label

@@ -1,1 +1,2 @@
-"""Around the stages: ``inspect``, ``report`` (plots), ``samples``, the ``demo`` and ``bench``."""
+"""Around the stages: ``inspect``, ``verify``, ``grid`` (a dataset's sample images),
+``samples``, the ``demo`` and ``bench``."""

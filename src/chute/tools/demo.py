@@ -16,9 +16,10 @@ from chute.fit.predict import predict
 from chute.fit.train import train
 from chute.format import storage
 from chute.ingest.convert import convert
-from chute.ingest.verify import verify
-from chute.tools import report, samples
+from chute.tools import samples
+from chute.tools.grid import draw_grid
 from chute.tools.inspect import inspect
+from chute.tools.verify import verify
 
 
 def run(
@@ -60,7 +61,7 @@ def run(
     )
     say("3/6 inspecting")
     say(inspect(shards))
-    report.draw_grid(shards, grid, per_class=10, max_classes=12)
+    draw_grid(shards, grid, per_class=10, max_classes=12)
     say(f"    sample grid: {grid}")
     say("4/6 verifying every shard")
     checked = verify(shards)

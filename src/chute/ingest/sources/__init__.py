@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.ingest.options import DEFAULT_MAX_PIXELS
+from chute.image.size import DEFAULT_MAX_PIXELS
 from chute.ingest.sources import archives, arrays, lists, parquet, tars, webdataset
 from chute.ingest.sources.base import (
     IMAGE_EXTENSIONS,

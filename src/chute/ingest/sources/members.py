@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import IO, NamedTuple
 
 from chute.format import storage
+from chute.image.header import Rejected, describe_error
 
 ZIP, TAR = "zip", "tar"
 BYTES_PER_PIXEL = 8  # 16-bit RGBA, uncompressed: the most any supported image file needs
@@ -56,8 +57,11 @@ class Member(NamedTuple):
     size: int
 
 
-class MemberError(Exception):
-    """A member that cannot be read; the message is the reason (the reject)."""
+class MemberError(Rejected):
+    """A member that cannot be read; the message is the reason (the reject).
+
+    A :class:`~chute.image.header.Rejected`, so that a member failing while its
+    image header is read rejects the item with this reason."""
 
 
 def max_member_bytes(max_pixels: int) -> int:
@@ -158,12 +162,6 @@ def _truncated(member: Member, got: int) -> MemberError:
     return MemberError(
         f"truncated archive member: the archive ends {got} bytes into its {member.size}"
     )
-
-
-def describe_error(error: BaseException) -> str:
-    """An exception as one short line: its type and the first line of its message."""
-    text = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {text}"[:300] if text else type(error).__name__
 
 
 # Per process: container -> (its size and mtime when opened, the ZipFile, its file object,

@@ -1,10 +1,12 @@
-"""Pictures of a dataset: a grid of sample images per class with class names.
+"""Training pictures: loss and accuracy curves, and the confusion of an evaluation.
 
-Class names are drawn with the first font on the machine that has all their
-characters (Pillow's own font covers Latin; for Kannada, Devanagari, CJK and
-other scripts it looks for a system font that does). When no font can draw a
-name, the row is captioned with the label index alone, so a grid never
-shows empty boxes in place of a name.
+The confusion is a heat map up to :data:`HEAT_MAP_CLASSES` classes, else the
+most confused pairs, each with a sample image of both classes. Class names are
+drawn with the first font on the machine that has all their characters
+(Pillow's own font covers Latin; for Kannada, Devanagari, CJK and other
+scripts it looks for a system font that does). When no font can draw a name,
+it is captioned with the label index alone, so a picture never shows empty
+boxes in place of a name. Drawn with Pillow: nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -18,10 +20,7 @@ from functools import cache
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from chute import checks
-from chute.format import manifest as manifest_lib
-from chute.format import records, storage
-from chute.lazy import tf
+from chute.format import storage
 
 log = logging.getLogger(__name__)
 
@@ -89,85 +88,14 @@ def caption(label: int, name: str) -> tuple[str, ImageFont.ImageFont]:
     return f"{label}", _font(None)
 
 
-def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], per_class: int):
-    wanted = {label: [] for label in classes}
-    features = records.parse_features(records.IMAGE, records.CLASS, records.SIZE)
-    channels = manifest.image.channels
-    for path in manifest.shard_paths(split):
-        for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
-            example = tf.io.parse_single_example(raw, features)
-            label = int(example[records.CLASS])
-            if label in wanted and len(wanted[label]) < per_class:
-                data = example[records.IMAGE].numpy()
-                if manifest.image.encoding == "raw":
-                    h, w = example[records.SIZE].numpy()
-                    pixels = np.frombuffer(data, np.uint8).reshape(h, w, channels)
-                    wanted[label].append(
-                        Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels)
-                    )
-                else:
-                    wanted[label].append(Image.open(io.BytesIO(data)).convert("RGB"))
-            if all(len(v) >= per_class for v in wanted.values()):
-                return wanted
-    return wanted
-
-
-def draw_grid(
-    path: str | os.PathLike,
-    out_png: str | os.PathLike,
-    *,
-    split: str = "train",
-    per_class: int = 8,
-    max_classes: int = 24,
-    cell: int = 64,
-) -> str:
-    """Draws ``per_class`` sample images for up to ``max_classes`` classes, one row each.
-
-    With more classes than ``max_classes``, rows are spread evenly over the labels.
-
-    Returns:
-        The path of the PNG written.
-
-    Example:
-        >>> draw_grid("./kn-shards", "grid.png")  # doctest: +SKIP
-        'grid.png'
-    """
-    manifest = manifest_lib.load(path)
-    manifest.check_split(split)
-    for name, value in (("per_class", per_class), ("max_classes", max_classes), ("cell", cell)):
-        checks.positive_int(name, value)
-    count = min(max_classes, manifest.num_classes)
-    classes = sorted(
-        {round(i * (manifest.num_classes - 1) / max(1, count - 1)) for i in range(count)}
-    )
-    samples = _samples(manifest, split, classes, per_class)
-    captions = [caption(label, manifest.class_names[label]) for label in classes]
-    text_width = max(int(font.getlength(text)) for text, font in captions) + 12
-    grid = Image.new(
-        "RGB", (text_width + per_class * (cell + 2), len(classes) * (cell + 2)), "white"
-    )
-    draw = ImageDraw.Draw(grid)
-    for row, label in enumerate(classes):
-        top = row * (cell + 2)
-        text, font = captions[row]
-        draw.text((6, top + cell / 2), text, fill="black", font=font, anchor="lm")
-        for column, image in enumerate(samples[label]):
-            image = image.convert("RGB")
-            scale = cell / max(image.size)
-            image = image.resize(
-                (max(1, round(image.width * scale)), max(1, round(image.height * scale))),
-                Image.Resampling.NEAREST,
-            )
-            grid.paste(image, (text_width + column * (cell + 2), top))
-    return _save_png(grid, out_png)
-
-
 def _canvas(width: int, height: int):
     image = Image.new("RGB", (width, height), "white")
     return image, ImageDraw.Draw(image)
 
 
-def _save_png(image, path) -> str:
+def save_png(image: Image.Image, path: str | os.PathLike) -> str:
+    """Writes a Pillow image as a PNG file, atomically (local or TF filesystem); returns
+    the path."""
     path = os.fspath(path)
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
@@ -214,7 +142,7 @@ def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> 
                 draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=colour)
             legend_y = height - margin + 8 + (14 if label == "val" else 0)
             draw.text((left + margin, legend_y), label, fill=colour, font=font)
-    return _save_png(image, out_png)
+    return save_png(image, out_png)
 
 
 def thumbnail(image: np.ndarray) -> np.ndarray:
@@ -274,7 +202,7 @@ def draw_confusion(
                 font=font_true,
                 anchor="lm",
             )
-        return _save_png(image, out_png)
+        return save_png(image, out_png)
     cell, left, top = 22, 170, 30
     size, matrix = len(names), report.confusion_matrix().tolist()
     image, draw = _canvas(left + cell * size + 10, top + cell * size + 10)
@@ -293,4 +221,4 @@ def draw_confusion(
         fill="black",
         font=_font(None),
     )
-    return _save_png(image, out_png)
+    return save_png(image, out_png)

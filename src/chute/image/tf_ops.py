@@ -3,7 +3,9 @@
 Used per image by ``chute.load`` when images are cropped (training's
 random-resized crop, evaluation's centre crop) or stored at other sizes, and by
 ``chute.predict``, so that a file predicted on gets exactly the pixels its
-record gets in evaluation.
+record gets in evaluation. This is the TensorFlow part of :mod:`chute.image`;
+what prepares an image before it is stored (:mod:`chute.image.decode`) never
+imports TensorFlow.
 
 - **Training** (:func:`random_crop`): an Inception-style random-resized crop
   (a window of ``scale`` of the image's area and ``ratio`` aspect, drawn by

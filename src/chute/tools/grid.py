@@ -1,0 +1,92 @@
+"""Pictures of a dataset: a grid of sample images per class with class names.
+
+Class names are captioned as in the training pictures (:func:`chute.fit.plots.caption`):
+in a font on the machine that can draw them, else with the label index alone.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from chute import checks
+from chute.fit.plots import caption, save_png
+from chute.format import manifest as manifest_lib
+from chute.format import records
+from chute.lazy import tf
+
+
+def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], per_class: int):
+    wanted = {label: [] for label in classes}
+    features = records.parse_features(records.IMAGE, records.CLASS, records.SIZE)
+    channels = manifest.image.channels
+    for path in manifest.shard_paths(split):
+        for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
+            example = tf.io.parse_single_example(raw, features)
+            label = int(example[records.CLASS])
+            if label in wanted and len(wanted[label]) < per_class:
+                data = example[records.IMAGE].numpy()
+                if manifest.image.encoding == "raw":
+                    h, w = example[records.SIZE].numpy()
+                    pixels = np.frombuffer(data, np.uint8).reshape(h, w, channels)
+                    wanted[label].append(
+                        Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels)
+                    )
+                else:
+                    wanted[label].append(Image.open(io.BytesIO(data)).convert("RGB"))
+            if all(len(v) >= per_class for v in wanted.values()):
+                return wanted
+    return wanted
+
+
+def draw_grid(
+    path: str | os.PathLike,
+    out_png: str | os.PathLike,
+    *,
+    split: str = "train",
+    per_class: int = 8,
+    max_classes: int = 24,
+    cell: int = 64,
+) -> str:
+    """Draws ``per_class`` sample images for up to ``max_classes`` classes, one row each.
+
+    With more classes than ``max_classes``, rows are spread evenly over the labels.
+
+    Returns:
+        The path of the PNG written.
+
+    Example:
+        >>> draw_grid("./kn-shards", "grid.png")  # doctest: +SKIP
+        'grid.png'
+    """
+    manifest = manifest_lib.load(path)
+    manifest.check_split(split)
+    for name, value in (("per_class", per_class), ("max_classes", max_classes), ("cell", cell)):
+        checks.positive_int(name, value)
+    count = min(max_classes, manifest.num_classes)
+    classes = sorted(
+        {round(i * (manifest.num_classes - 1) / max(1, count - 1)) for i in range(count)}
+    )
+    samples = _samples(manifest, split, classes, per_class)
+    captions = [caption(label, manifest.class_names[label]) for label in classes]
+    text_width = max(int(font.getlength(text)) for text, font in captions) + 12
+    grid = Image.new(
+        "RGB", (text_width + per_class * (cell + 2), len(classes) * (cell + 2)), "white"
+    )
+    draw = ImageDraw.Draw(grid)
+    for row, label in enumerate(classes):
+        top = row * (cell + 2)
+        text, font = captions[row]
+        draw.text((6, top + cell / 2), text, fill="black", font=font, anchor="lm")
+        for column, image in enumerate(samples[label]):
+            image = image.convert("RGB")
+            scale = cell / max(image.size)
+            image = image.resize(
+                (max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                Image.Resampling.NEAREST,
+            )
+            grid.paste(image, (text_width + column * (cell + 2), top))
+    return save_png(grid, out_png)
