@@ -10,19 +10,20 @@ images, on as many machines as the runner gives it::
     shard names -> each shard's items (a task file) -> spread -> read, hash, encode each image
       |-> (sha256, split) -> group by sha256 -> kept, or dropped as a leak ----------------+
       '-> (shard, record) ---------------------------------------------------------------- +-> group
-          by shard -> ShardWriter (temporary name, renamed) -> the shard's note
+          by shard -> write_shard (the shard, then its note)
 
 The encoder (:func:`chute.ingest.encode.encode_chunk`), the leak rule (a copy
 of an image already in a higher split is dropped, as
 :class:`~chute.ingest.split.LeakGuard` decides), the record order and the
-writer are the local converter's, so the shards, ``rejects.csv`` and the
-manifest are the same bytes as ``chute convert`` without a runner writes.
+shard-writing core (:func:`chute.ingest.writer.write_shard`) are the local
+converter's, so the shards, ``rejects.csv`` and the manifest are the same
+bytes as ``chute convert`` without a runner writes.
 
 Beam retries a failed bundle (and may run one twice), so every write is
-idempotent: a shard goes to a temporary name of its own and is renamed into
-place, then its note; two attempts write the same bytes. Shards whose note an
-earlier, killed run left are not written again (their hashes still take part
-in the leak rule).
+idempotent: the core writes a shard under a temporary name of the attempt's
+own and renames it into place, then its note; two attempts write the same
+bytes. Shards whose note an earlier, killed run left are not written again
+(their hashes still take part in the leak rule).
 
 ``apache_beam`` is imported only when a runner is asked for; without it the
 error names the extra to install.
@@ -42,7 +43,6 @@ import contextlib
 import io
 import json
 import logging
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -160,13 +160,13 @@ class BeamJob:
 
         Args:
             found: the scanned :class:`~chute.ingest.sources.Source`.
-            plan: every :class:`~chute.ingest.plan.Shard`, in plan order.
+            plan: every :class:`~chute.ingest.layout.Shard`, in plan order.
             notes: each shard's note from an earlier run, or None (to write).
             spec: the :class:`~chute.format.spec.ImageSpec`.
             output: the output folder (its work folder exists).
             options: the :class:`~chute.ingest.options.ConvertOptions`.
         """
-        from chute.ingest import resume
+        from chute.ingest import writer
 
         todo = [shard for shard in plan if notes[shard.name] is None]
         if not todo:
@@ -190,7 +190,7 @@ class BeamJob:
             )
 
         def load(name: str) -> dict | None:
-            return resume.load_done(output, name, check_sha256=False)
+            return writer.load_note(output, name, check_sha256=False)
 
         names = [shard.name for shard in todo]
         with ThreadPoolExecutor(_threads(output)) as pool:
@@ -348,10 +348,10 @@ def _build(
 
 def _rank(name: str) -> int:
     """The split rank of a shard name: train 0, val 1, test 2 (lower outranks)."""
-    from chute.ingest.plan import SHARD_NAME
+    from chute.ingest.layout import split_of
     from chute.ingest.sources.base import SPLITS
 
-    return SPLITS.index(SHARD_NAME.match(name)[1])
+    return SPLITS.index(split_of(name))
 
 
 def _task_items(name, output):
@@ -378,12 +378,11 @@ def _hash_of(encoded):
 
 def _kept_hashes(name, output):
     """The hashes a shard finished by an earlier run holds, for the leak rule."""
-    from chute.ingest import resume
+    from chute.ingest import writer
 
-    note = json.loads(storage.read_bytes(storage.join(output, resume.WORK_DIR, name + ".json")))
     rank = _rank(name)
-    for digest, fate in note["outcomes"]:
-        if fate in (resume.KEPT, resume.LEAK):
+    for digest, fate in writer.read_note(output, name)["outcomes"]:
+        if not writer.rejected(fate):
             yield bytes.fromhex(digest), ("", -1, rank)
 
 
@@ -404,33 +403,13 @@ def _by_shard(encoded):
 
 
 def _write_shard(element, output):
-    """Writes one shard (records in plan order) and then its note, as the local converter does."""
-    from chute.ingest import resume
-    from chute.ingest.writer import ShardWriter
+    """Writes one shard from all of its records, in plan order, with the local converter's
+    core (a temporary name of this attempt's own, renamed; then the shard's note)."""
+    from chute.ingest import writer
 
     name, groups = element
-    keep = dict(groups["keep"])
-    outcomes, kept, labels = [], [], []
-    for position, label, digest, record, reject in sorted(groups["images"], key=lambda r: r[0]):
-        digest_hex = digest.hex() if digest else None
-        if reject is not None:
-            outcomes.append((digest_hex, reject))
-        elif keep[position]:
-            kept.append(record)
-            labels.append(label)
-            outcomes.append((digest_hex, resume.KEPT))
-        else:  # its content is already in a higher split
-            outcomes.append((digest_hex, resume.LEAK))
-    work = storage.join(output, resume.WORK_DIR)
-    attempt = uuid.uuid4().hex  # a retried bundle may run beside the first attempt
-    path = storage.join(output, name)
-    with ShardWriter(path, tmp_dir=work, tmp_name=f"{name}.{attempt}.partial") as writer:
-        writer.write(b"".join(kept), labels)
-    note = dict(writer.info, split=name.split("-", 1)[0], outcomes=outcomes)
-    note_path = storage.join(work, name + ".json")
-    tmp = f"{note_path}.{attempt}.tmp"
-    with storage.open_file(tmp, "wb") as handle:
-        handle.write(json.dumps(note).encode())
-        storage.sync(handle)
-    storage.rename(tmp, note_path)
+    keep = dict(groups["keep"])  # position -> stays in its split (rejects have no entry)
+    ordered = sorted(groups["images"], key=lambda r: r[0])  # every position, 0 to n - 1
+    records = [(label, digest, record, reject) for _, label, digest, record, reject in ordered]
+    writer.write_shard(output, name, [records], admit=lambda position, _: keep[position])
     return name

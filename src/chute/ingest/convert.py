@@ -1,24 +1,29 @@
 """``chute convert``: a source dataset to verified TFRecord shards and a manifest.
 
-The run, in one direction::
+:func:`convert` reads as its steps, in one direction::
 
-    scan source -> [read headers in workers, when an option is "auto"] -> image spec
-    -> split -> plan shards -> encode + hash in workers -> LeakGuard -> ShardWriter
-    -> manifest
+    scan the source -> plan: [read headers in workers, when an option is "auto"]
+        -> image spec -> split -> shards
+    -> write: encode + hash (worker processes, or Beam) -> each record's fate
+        -> shard + note (chute.ingest.writer)
+    -> finish: rejects.csv, the source listing and, last, the manifest
 
-Every shard is planned before encoding starts and is finished atomically, and
-each finished shard leaves a small note in ``OUT/.chute-work``; running the
-same command again after a crash keeps the finished shards and redoes the
-rest, with the same bytes as an uninterrupted run. The manifest is written
-last and the work folder removed after it.
+Every shard is planned before encoding starts and is written atomically by the
+one shard-writing core, :func:`chute.ingest.writer.write_shard`, which leaves
+a small note per shard in ``OUT/.chute-work``; running the same command again
+after a crash keeps the finished shards and redoes the rest, with the same
+bytes as an uninterrupted run. The manifest is written last and the work
+folder removed after it.
 
 With ``runner`` (Apache Beam, see :mod:`chute.ingest.beam`) this process
-still scans, plans and finishes (the same functions below); Beam encodes the
-images and writes the shards and their notes, with the same bytes.
+still scans, plans and finishes (the same steps below); Beam encodes the
+images and writes the shards and their notes with the same core, so the
+bytes are the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -26,21 +31,22 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chute import collector
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.spec import ImageSpec
-from chute.ingest import plan as plan_lib
-from chute.ingest import resume, sources
+from chute.image.header import Probe
+from chute.ingest import layout, resume, sources, writer
 from chute.ingest import workers as worker_pool
-from chute.ingest.decode import Probe
 from chute.ingest.encode import Encoded
 from chute.ingest.options import ConvertOptions
 from chute.ingest.split import LeakGuard, split_items
-from chute.ingest.writer import ShardWriter
+
+if TYPE_CHECKING:
+    from chute.ingest.beam import BeamJob
 
 log = logging.getLogger(__name__)
 
@@ -136,71 +142,58 @@ def convert(
         ...         "--requirements_file=requirements.txt"])  # doctest: +SKIP
     """
     started = time.perf_counter()
-    if options is not None and option_values:
-        raise ChuteError(
-            "Pass either `options` or option keywords, not both. Received: options and "
-            f"{sorted(option_values)}"
-        )
-    if options is None:
-        options = ConvertOptions.from_dict(option_values)
+    options = _options(options, option_values)
     workers = worker_pool.check_workers(workers)
-    beam = None
-    if runner is not None or pipeline_args is not None:
-        from chute.ingest.beam import BeamJob
-
-        beam = BeamJob(runner, pipeline_args)  # checked (and Beam imported) before any work
+    beam = _beam_job(runner, pipeline_args)  # checked (and Beam imported) before any work
     source, output = os.fspath(source), os.fspath(output).rstrip("/") or "/"
     _check_not_inside(source, output)
     if beam is not None:
         beam.check_paths(source, output)
-
-    # No cycles worth collecting are made here; a full collection walks every object.
-    with collector.paused():
-        storage.check_output(output, "output")
-        found = sources.scan(
-            source,
-            allow_outside=allow_outside,
-            max_pixels=options.max_pixels,
-            progress=progress,
-            image_column=options.image_column,
-            label_column=options.label_column,
-        )
-        with found:  # closing it deletes what a compressed tar was unpacked to
-            log.info(
-                "%s: %d images in %d classes (%s)",
-                source,
-                len(found.items),
-                len(found.class_names),
-                found.kind,
-            )
-            if beam is not None:
-                beam.check_source(found)
-            files = resume.listing(found)
-            with resume.locked(output):
-                done = resume.existing_state(source, output, options, overwrite, files)
-                if done is not None:
-                    log.info("%s already holds this conversion; nothing to do", output)
-                    resume.remove_work_dir(output)
-                    return ConvertResult(done, output, already_done=True)
-                processes = workers if len(found.items) > ENCODE_CHUNK else 1
-                with worker_pool.start_pool(processes, on_crash=_crashed) as pool:
-                    spec, shards, rejects = _plan(found, options, pool, progress)
-                    notes = _start_writing(found, shards, spec, output, options, beam is None)
-                    if beam is None:
-                        written = _write_shards(
-                            found, shards, notes, spec, output, options, pool, progress
-                        )
-                if beam is not None:  # Beam encodes and writes the rest; notes tell the manifest
-                    resumed = sum(note is not None for note in notes.values())
-                    notes = beam.write_shards(found, shards, notes, spec, output, options)
-                    written = _account(found, shards, notes, resumed, progress)
-                manifest = _finish(found, spec, options, written, rejects, files, output)
+    with contextlib.ExitStack() as stack:
+        # No cycles worth collecting are made here; a full collection walks every object.
+        stack.enter_context(collector.paused())
+        # closing the source deletes what a compressed tar was unpacked to
+        found = stack.enter_context(_scan(source, output, options, allow_outside, progress))
+        if beam is not None:
+            beam.check_source(found)
+        files = resume.listing(found)
+        stack.enter_context(resume.locked(output))
+        done = resume.existing_state(source, output, options, overwrite, files)
+        if done is not None:
+            log.info("%s already holds this conversion; nothing to do", output)
+            resume.remove_work_dir(output)
+            return ConvertResult(done, output, already_done=True)
+        processes = workers if len(found.items) > ENCODE_CHUNK else 1
+        pool = stack.enter_context(worker_pool.start_pool(processes, on_crash=_crashed))
+        plan = _plan(found, options, output, pool, progress)
+        backend = _LocalWorkers(pool) if beam is None else _OnBeam(beam, pool)
+        written = _write(plan, backend, progress)
+        manifest = _finish(plan, written, files)
     return ConvertResult(
         manifest, output, resumed_shards=written.resumed, seconds=time.perf_counter() - started
     )
 
 
 # -- checks before any work ---------------------------------------------------------------
+
+
+def _options(options: ConvertOptions | None, values: dict[str, Any]) -> ConvertOptions:
+    """``options``, or one made from the option keywords (never both)."""
+    if options is not None and values:
+        raise ChuteError(
+            "Pass either `options` or option keywords, not both. Received: options and "
+            f"{sorted(values)}"
+        )
+    return options if options is not None else ConvertOptions.from_dict(values)
+
+
+def _beam_job(runner: str | None, pipeline_args: Sequence[str] | Any) -> BeamJob | None:
+    """The Beam side of the conversion when a runner (or Beam options) is asked for."""
+    if runner is None and pipeline_args is None:
+        return None
+    from chute.ingest.beam import BeamJob
+
+    return BeamJob(runner, pipeline_args)
 
 
 def _check_not_inside(source: str, output: str) -> None:
@@ -213,6 +206,36 @@ def _check_not_inside(source: str, output: str) -> None:
             f"`output` must not be inside the source folder (it would be read as data). "
             f"Received: output={output!r}, source={source!r}"
         )
+
+
+# -- scan ---------------------------------------------------------------------------------
+
+
+def _scan(
+    source: str,
+    output: str,
+    options: ConvertOptions,
+    allow_outside: bool,
+    progress: ProgressFn | None,
+) -> sources.Source:
+    """The source's items and class names, once ``output`` is known to be writable."""
+    storage.check_output(output, "output")
+    found = sources.scan(
+        source,
+        allow_outside=allow_outside,
+        max_pixels=options.max_pixels,
+        progress=progress,
+        image_column=options.image_column,
+        label_column=options.label_column,
+    )
+    log.info(
+        "%s: %d images in %d classes (%s)",
+        source,
+        len(found.items),
+        len(found.class_names),
+        found.kind,
+    )
+    return found
 
 
 # -- workers ------------------------------------------------------------------------------
@@ -251,12 +274,28 @@ def _crashed(function: str, task: tuple, code: int) -> list:
     return [Encoded(None, None, reason) for _ in task[0]]
 
 
-# -- the plan -----------------------------------------------------------------------------
+# -- plan ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a conversion writes, fixed before any image is encoded."""
+
+    found: sources.Source
+    options: ConvertOptions
+    output: str
+    spec: ImageSpec
+    shards: list[layout.Shard]  # every shard, in plan order (train first)
+    rejects: list[dict]  # inputs refused while scanning or from their header: in no shard
 
 
 def _plan(
-    found: sources.Source, options: ConvertOptions, pool, progress: ProgressFn | None
-) -> tuple[ImageSpec, list[plan_lib.Shard], list[dict]]:
+    found: sources.Source,
+    options: ConvertOptions,
+    output: str,
+    pool,
+    progress: ProgressFn | None,
+) -> _Plan:
     """The image spec, every shard with its items, and the inputs rejected from their header.
 
     Headers are read first only when an option is left to them; files are
@@ -264,9 +303,9 @@ def _plan(
     """
     everything = range(len(found.items))
     probes = None
-    if plan_lib.needs_headers(options):
+    if layout.needs_headers(options):
         probes = _probe(found, everything, options, pool, progress)
-    spec = plan_lib.image_spec(options, probes)
+    spec = layout.image_spec(options, probes)
     rejects = list(found.rejects)  # refused while scanning (a list naming a file again, ...)
     rejects += [
         {"key": found.items[i].key, "reason": p.reject}
@@ -284,240 +323,243 @@ def _plan(
     if probes is None and spec.encoding != "raw":
         step = max(1, len(found.items) // _SIZE_SAMPLE)  # enough to estimate shard sizes
         probes = _probe(found, everything[::step], options, pool, None)
-    shards = plan_lib.plan_shards(
-        split.indices, plan_lib.bytes_per_record(spec, probes or []), options
-    )
-    return spec, shards, rejects
+    shards = layout.plan_shards(split.indices, layout.bytes_per_record(spec, probes or []), options)
+    return _Plan(found, options, output, spec, shards, rejects)
 
 
-# -- writing ------------------------------------------------------------------------------
+# -- write --------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class _Written:
-    infos: dict[str, dict]  # shard name -> manifest entry (plus its split)
-    rejects: list[dict]
-    guard: LeakGuard
-    fingerprint: Any  # a running sha256 over (key, label, split, content hash)
-    resumed: int
+class _Tally:
+    """What the shards hold, added up from their notes in plan order: the manifest
+    entries, the rejects, the LeakGuard (for its duplicates report) and the source
+    fingerprint, a running sha256 over (key, label, split, content hash)."""
+
+    def __init__(self, found: sources.Source, resumed: int):
+        self.found = found
+        self.resumed = resumed  # shards kept from an earlier run
+        self.infos: dict[str, dict] = {}  # shard name -> manifest entry (plus its split)
+        self.rejects: list[dict] = []
+        self.guard = LeakGuard()
+        self.fingerprint = hashlib.sha256()
+
+    def add(self, shard: layout.Shard, note: dict, *, replay: bool) -> None:
+        """Adds a finished shard's note; with ``replay``, also feeds the LeakGuard what it
+        saw when the shard was written (its duplicates report; a shard written by this
+        process fed it already)."""
+        for index, (digest, fate) in zip(shard.indices, note.pop("outcomes"), strict=True):
+            item = self.found.items[index]
+            if replay and not writer.rejected(fate):
+                self.guard.admit(bytes.fromhex(digest), item.key, item.label, shard.split)
+            self.fingerprint.update(f"{item.key}\0{item.label}\0{shard.split}\0{digest}\0".encode())
+            if writer.rejected(fate):
+                self.rejects.append({"key": item.key, "reason": fate})
+        self.infos[shard.name] = note
 
 
-def _start_writing(
-    found: sources.Source,
-    plan: list[plan_lib.Shard],
-    spec: ImageSpec,
-    output: str,
-    options: ConvertOptions,
-    check_sha256: bool = True,
-) -> dict[str, dict | None]:
+def _write(plan: _Plan, backend: _LocalWorkers | _OnBeam, progress: ProgressFn | None) -> _Tally:
+    """Writes the shards no earlier run finished, and adds up every shard's note.
+
+    Each note records, per item, its content hash and fate (kept, dropped as a
+    leak, or the reject reason), so a resumed run rebuilds the same LeakGuard,
+    fingerprint and rejects without reading those images again.
+    """
+    notes = _start_writing(plan, check_sha256=backend.check_sha256)
+    tally = _Tally(plan.found, resumed=sum(note is not None for note in notes.values()))
+    total, finished = sum(len(shard.indices) for shard in plan.shards), 0
+    for shard, note, replay in backend.write(plan, notes, tally.guard):
+        tally.add(shard, note, replay=replay)
+        finished += len(shard.indices)
+        if progress:
+            progress("write", finished, total)
+    return tally
+
+
+def _start_writing(plan: _Plan, *, check_sha256: bool) -> dict[str, dict | None]:
     """Stamps the work folder with the plan; returns each shard's note from an earlier
     run of the same plan (None for the shards to write). ``check_sha256``: re-read a
     finished shard to check it (else its size is checked)."""
-    layout = hashlib.sha256(
-        json.dumps(
-            [
-                [s.name, [(found.items[i].key, found.items[i].label) for i in s.indices]]
-                for s in plan
-            ]
-        ).encode()
-    ).hexdigest()
+    items = plan.found.items
+    assignment = [
+        [s.name, [(items[i].key, items[i].label) for i in s.indices]] for s in plan.shards
+    ]
     stamp = {
-        "source": found.location,
-        "options": options.to_dict(),
-        "layout": layout,
-        "spec": spec.to_dict(),
+        "source": plan.found.location,
+        "options": plan.options.to_dict(),
+        "layout": hashlib.sha256(json.dumps(assignment).encode()).hexdigest(),
+        "spec": plan.spec.to_dict(),
     }
-    resume.start_work(output, stamp)
-    resume.remove_orphans(output, {shard.name for shard in plan})
+    resume.start_work(plan.output, stamp)
+    resume.remove_orphans(plan.output, {shard.name for shard in plan.shards})
     notes = {
-        shard.name: resume.load_done(output, shard.name, check_sha256=check_sha256)
-        for shard in plan
+        shard.name: writer.load_note(plan.output, shard.name, check_sha256=check_sha256)
+        for shard in plan.shards
     }
     kept = sum(note is not None for note in notes.values())
     if kept:
-        log.info("resuming: %d of %d shards were already complete", kept, len(plan))
+        log.info("resuming: %d of %d shards were already complete", kept, len(plan.shards))
     return notes
 
 
-def _write_shards(
-    found: sources.Source,
-    plan: list[plan_lib.Shard],
-    notes: dict[str, dict | None],
-    spec: ImageSpec,
-    output: str,
-    options: ConvertOptions,
-    pool,
-    progress: ProgressFn | None,
-) -> _Written:
-    """Writes the shards without a note, in plan order; the others are replayed.
+class _LocalWorkers:
+    """Writes on this machine: the worker processes encode, this process writes each
+    shard with :func:`chute.ingest.writer.write_shard`, in plan order."""
 
-    Each shard's note records, per item, its content hash and fate (kept,
-    dropped as a leak, or the reject reason), so a resumed run rebuilds the
-    same LeakGuard, fingerprint and rejects without reading those images again.
-    """
-    todo = [shard for shard in plan if notes[shard.name] is None]
-    tasks = (
-        (
-            [
-                (found.items[i].key, found.items[i].label, found.payload(found.items[i]))
-                for i in shard.indices[start : start + ENCODE_CHUNK]
-            ],
-            spec,
-            options.max_pixels,
+    check_sha256 = True  # a shard kept from an earlier run is re-read and checked
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def write(
+        self, plan: _Plan, notes: dict[str, dict | None], guard: LeakGuard
+    ) -> Iterator[tuple[layout.Shard, dict, bool]]:
+        """Each shard with its note, in plan order, and whether the note is an earlier
+        run's (the shard was not written again)."""
+        todo = [shard for shard in plan.shards if notes[shard.name] is None]
+        results = self.pool.ordered("encode_chunk", _encode_tasks(plan, todo))
+        for shard in plan.shards:
+            note = notes[shard.name]
+            if note is not None:
+                yield shard, note, True
+            else:
+                yield shard, _write_shard(plan, shard, results, guard), False
+
+
+class _OnBeam:
+    """Writes on Apache Beam (:class:`chute.ingest.beam.BeamJob`), with the same core;
+    the notes of what it wrote come back."""
+
+    check_sha256 = False  # a shard kept from an earlier run: its size is checked
+
+    def __init__(self, job: BeamJob, pool):
+        self.job = job
+        self.pool = pool
+
+    def write(
+        self, plan: _Plan, notes: dict[str, dict | None], guard: LeakGuard
+    ) -> Iterator[tuple[layout.Shard, dict, bool]]:
+        """Each shard with its note, in plan order, all of them notes to replay."""
+        self.pool.close()  # the headers are read: Beam encodes the rest
+        notes = self.job.write_shards(
+            plan.found, plan.shards, notes, plan.spec, plan.output, plan.options
         )
-        for shard in todo
-        for start in range(0, len(shard.indices), ENCODE_CHUNK)
-    )
-    results = pool.ordered("encode_chunk", tasks)
-    written = _Written({}, [], LeakGuard(), hashlib.sha256(), len(plan) - len(todo))
-    total, finished = sum(len(s.indices) for s in plan), 0
-    for shard in plan:
-        note, replay = notes[shard.name], notes[shard.name] is not None
-        if note is None:
-            note = _write_shard(found, shard, output, results, written.guard)
-        _add_shard(written, found, shard, note, replay=replay)
-        finished += len(shard.indices)
-        if progress:
-            progress("write", finished, total)
-    return written
+        for shard in plan.shards:
+            yield shard, dict(notes[shard.name]), True
 
 
-def _account(
-    found: sources.Source,
-    plan: list[plan_lib.Shard],
-    notes: dict[str, dict],
-    resumed: int,
-    progress: ProgressFn | None,
-) -> _Written:
-    """What the shards hold, from the notes of shards written elsewhere (by Beam)."""
-    written = _Written({}, [], LeakGuard(), hashlib.sha256(), resumed)
-    total, finished = sum(len(s.indices) for s in plan), 0
-    for shard in plan:
-        _add_shard(written, found, shard, dict(notes[shard.name]), replay=True)
-        finished += len(shard.indices)
-        if progress:
-            progress("write", finished, total)
-    return written
-
-
-def _add_shard(
-    written: _Written,
-    found: sources.Source,
-    shard: plan_lib.Shard,
-    note: dict,
-    *,
-    replay: bool,
-) -> None:
-    """Adds a finished shard's note to the fingerprint, rejects and manifest entries;
-    with ``replay``, also feeds the LeakGuard what it saw when the shard was written
-    (its duplicates report; a shard written here fed it already)."""
-    for index, (digest, fate) in zip(shard.indices, note.pop("outcomes"), strict=True):
-        item = found.items[index]
-        if replay and fate in (resume.KEPT, resume.LEAK):
-            written.guard.admit(bytes.fromhex(digest), item.key, item.label, shard.split)
-        written.fingerprint.update(f"{item.key}\0{item.label}\0{shard.split}\0{digest}\0".encode())
-        if fate not in (resume.KEPT, resume.LEAK):
-            written.rejects.append({"key": item.key, "reason": fate})
-    written.infos[shard.name] = note
-
-
-def _write_shard(
-    found: sources.Source, shard: plan_lib.Shard, output: str, results: Iterator, guard: LeakGuard
-) -> dict:
-    """Writes one shard from the encoded chunks; returns (and saves) its note."""
-    outcomes: list[tuple[str | None, str]] = []
-    work = storage.join(output, resume.WORK_DIR)
-    path = storage.join(output, shard.name)
-    with ShardWriter(path, tmp_dir=work) as writer:
+def _encode_tasks(plan: _Plan, shards: list[layout.Shard]) -> Iterator[tuple]:
+    """The worker tasks that encode ``shards``: chunks of ``(key, label, payload)``."""
+    found = plan.found
+    for shard in shards:
         for start in range(0, len(shard.indices), ENCODE_CHUNK):
-            kept, labels = [], []
             chunk = shard.indices[start : start + ENCODE_CHUNK]
-            for index, encoded in zip(chunk, next(results), strict=True):
-                item = found.items[index]
-                digest = encoded.digest.hex() if encoded.digest else None
-                if encoded.reject is not None:
-                    outcomes.append((digest, encoded.reject))
-                elif guard.admit(encoded.digest, item.key, item.label, shard.split):
-                    kept.append(encoded.record)
-                    labels.append(item.label)
-                    outcomes.append((digest, resume.KEPT))
-                else:  # its content is already in a higher split
-                    outcomes.append((digest, resume.LEAK))
-            writer.write(b"".join(kept), labels)
-    note = dict(writer.info, split=shard.split, outcomes=outcomes)
-    resume.save_done(output, shard.name, note)
-    return note
+            items = [
+                (found.items[i].key, found.items[i].label, found.payload(found.items[i]))
+                for i in chunk
+            ]
+            yield items, plan.spec, plan.options.max_pixels
+
+
+def _write_shard(plan: _Plan, shard: layout.Shard, results: Iterator, guard: LeakGuard) -> dict:
+    """Writes one shard from its encoded chunks, the next ones in ``results``; returns
+    its note. The LeakGuard admits each record, in writing order."""
+    items = plan.found.items
+
+    def chunks() -> Iterator[list[writer.Record]]:
+        for start in range(0, len(shard.indices), ENCODE_CHUNK):
+            chunk = shard.indices[start : start + ENCODE_CHUNK]
+            yield [
+                (items[i].label, *encoded) for i, encoded in zip(chunk, next(results), strict=True)
+            ]
+
+    def admit(position: int, digest: bytes) -> bool:
+        item = items[shard.indices[position]]
+        return guard.admit(digest, item.key, item.label, shard.split)
+
+    return writer.write_shard(plan.output, shard.name, chunks(), admit=admit)
+
+
+# -- finish -------------------------------------------------------------------------------
 
 
 def _finish(
-    found: sources.Source,
-    spec: ImageSpec,
-    options: ConvertOptions,
-    written: _Written,
-    header_rejects: list[dict],
-    files: list[tuple[str, int, int]],
-    output: str,
+    plan: _Plan, written: _Tally, files: list[tuple[str, int, int]]
 ) -> manifest_lib.Manifest:
-    """Writes ``rejects.csv`` and, last, the manifest; removes the work folder."""
+    """Writes ``rejects.csv``, the source listing and, last, the manifest; removes the
+    work folder."""
+    manifest = _manifest(plan, written)
+    resume.write_rejects(plan.output, manifest.rejects)
+    resume.write_listing(plan.output, files)
+    manifest.save(plan.output)  # last: its presence means the conversion is complete
+    resume.remove_work_dir(plan.output)
+    log.info(
+        "wrote %s: %s; %d rejected, %d duplicate groups",
+        plan.output,
+        ", ".join(f"{k} {v['num_examples']}" for k, v in manifest.splits.items()),
+        len(manifest.rejects),
+        len(manifest.duplicates),
+    )
+    return manifest
+
+
+def _manifest(plan: _Plan, written: _Tally) -> manifest_lib.Manifest:
+    """The manifest of the written shards."""
     from chute import __version__
 
+    found = plan.found
     fingerprint = written.fingerprint
-    for reject in header_rejects:  # inputs rejected from their header never reached a shard
+    for reject in plan.rejects:  # inputs rejected from their header never reached a shard
         fingerprint.update(f"{reject['key']}\0rejected\0".encode())
-    rejects = header_rejects + written.rejects
-    duplicates = written.guard.report()
-    splits: dict[str, dict] = {}
-    for info in written.infos.values():
-        split = splits.setdefault(
-            info.pop("split"),
-            {"num_examples": 0, "class_counts": [0] * len(found.class_names), "shards": []},
-        )
-        split["num_examples"] += info["num_records"]
-        shard_counts = manifest_lib.dense_counts(info["class_counts"], len(found.class_names))
-        split["class_counts"] = [
-            a + b for a, b in zip(split["class_counts"], shard_counts, strict=True)
-        ]
-        split["shards"].append(info)
-    empty = [
-        name
-        for name, count in zip(found.class_names, splits["train"]["class_counts"], strict=True)
-        if count == 0
-    ]
-    warnings = []
-    if empty:  # kept and reported: the shards are good, the class is not learnable
-        warnings.append(
-            f"{len(empty)} class(es) lost every training image to files rejected while "
-            f"decoding: {empty[:10]} (see rejects.csv); a model trained on this split "
-            "never sees them"
-        )
-        log.warning(warnings[-1])
-    rejects = sorted(rejects, key=lambda r: r["key"])
-    manifest = manifest_lib.Manifest(
+    splits = _splits(written.infos, len(found.class_names))
+    return manifest_lib.Manifest(
         class_names=found.class_names,
-        image=spec,
+        image=plan.spec,
         splits=splits,
-        options=options.to_dict(),
+        options=plan.options.to_dict(),
         source={
             "location": found.location,
             "kind": found.kind,
             "fingerprint": fingerprint.hexdigest(),
             "num_items": len(found.items),
         },
-        rejects=rejects,
-        duplicates=duplicates,
-        warnings=warnings,
+        rejects=sorted(plan.rejects + written.rejects, key=lambda r: r["key"]),
+        duplicates=written.guard.report(),
+        warnings=_warnings(found.class_names, splits),
         created_by=f"chute {__version__}",
-        location=output,
+        location=plan.output,
     )
-    resume.write_rejects(output, rejects)
-    resume.write_listing(output, files)
-    manifest.save(output)  # last: its presence means the conversion is complete
-    resume.remove_work_dir(output)
-    log.info(
-        "wrote %s: %s; %d rejected, %d duplicate groups",
-        output,
-        ", ".join(f"{k} {v['num_examples']}" for k, v in splits.items()),
-        len(rejects),
-        len(duplicates),
+
+
+def _splits(infos: dict[str, dict], num_classes: int) -> dict[str, dict]:
+    """The manifest's splits: record and class counts, and shards, from each shard's entry."""
+    splits: dict[str, dict] = {}
+    for info in infos.values():
+        split = splits.setdefault(
+            info.pop("split"),
+            {"num_examples": 0, "class_counts": [0] * num_classes, "shards": []},
+        )
+        split["num_examples"] += info["num_records"]
+        shard_counts = manifest_lib.dense_counts(info["class_counts"], num_classes)
+        split["class_counts"] = [
+            a + b for a, b in zip(split["class_counts"], shard_counts, strict=True)
+        ]
+        split["shards"].append(info)
+    return splits
+
+
+def _warnings(class_names: list[str], splits: dict[str, dict]) -> list[str]:
+    """What the manifest warns of: classes that lost every training image."""
+    empty = [
+        name
+        for name, count in zip(class_names, splits["train"]["class_counts"], strict=True)
+        if count == 0
+    ]
+    if not empty:  # kept and reported: the shards are good, the class is not learnable
+        return []
+    warning = (
+        f"{len(empty)} class(es) lost every training image to files rejected while "
+        f"decoding: {empty[:10]} (see rejects.csv); a model trained on this split "
+        "never sees them"
     )
-    return manifest
+    log.warning(warning)
+    return [warning]

@@ -4,8 +4,9 @@ A conversion writes into ``OUT``: shards, ``rejects.csv``, ``source-files.csv``
 (each source file's size and modification time) and, last, ``manifest.json``.
 While it runs, ``OUT/.chute-lock`` says who is writing (a second conversion into
 the same ``OUT`` stops at once) and ``OUT/.chute-work`` holds the plan's stamp
-(source, options, layout) and one note per finished shard; a re-run with the
-same stamp keeps those shards (after checking their sha256) and redoes the rest.
+(source, options, layout) and one note per finished shard (see
+:mod:`chute.ingest.writer`); a re-run with the same stamp keeps those shards
+(after checking their sha256) and redoes the rest.
 A re-run on a finished ``OUT`` compares the source's files with
 ``source-files.csv``: unchanged, it is a no-op; changed, it names what changed.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime
-import hashlib
 import io
 import json
 import logging
@@ -27,8 +27,8 @@ from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.ingest import sources
+from chute.ingest.layout import SHARD_NAME
 from chute.ingest.options import ConvertOptions
-from chute.ingest.plan import SHARD_NAME
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,6 @@ REJECTS_NAME = "rejects.csv"
 SOURCE_FILES = "source-files.csv"
 LOCK_NAME = ".chute-lock"
 _PLAN = "plan.json"
-# A shard note's fate of an item besides a reject reason: written, or dropped because
-# its content is already in a higher split (see chute.ingest.split.LeakGuard).
-KEPT, LEAK = "", "leak"
 
 
 @contextlib.contextmanager
@@ -279,34 +276,6 @@ def remove_outputs(output: str) -> None:
 def remove_work_dir(output: str) -> None:
     """Deletes the work folder of a conversion."""
     storage.remove_if_exists(storage.join(output, WORK_DIR))
-
-
-def load_done(output: str, name: str, *, check_sha256: bool = True) -> dict | None:
-    """The note of a shard finished by an earlier run, if the shard is really there, with
-    the size and (unless not ``check_sha256``: a shard renamed into place before its
-    note was written, on a bucket) the sha256 the note recorded."""
-    note = storage.join(output, WORK_DIR, name + ".json")
-    shard = storage.join(output, name)
-    if not (storage.exists(note) and storage.exists(shard)):
-        return None
-    info = json.loads(storage.read_bytes(note))
-    if storage.size(shard) != info["bytes"]:
-        return None
-    if not check_sha256:
-        return info
-    digest = hashlib.sha256()
-    with storage.open_file(shard, "rb") as handle:
-        while block := handle.read(8 << 20):
-            digest.update(block)
-    if digest.hexdigest() != info["sha256"]:
-        log.warning("%s differs from what was written (sha256): writing it again", name)
-        return None
-    return info
-
-
-def save_done(output: str, name: str, info: dict) -> None:
-    """Records that shard ``name`` is complete (after it was renamed into place)."""
-    storage.write_atomic(storage.join(output, WORK_DIR, name + ".json"), json.dumps(info).encode())
 
 
 def start_work(output: str, stamp: dict) -> None:

@@ -1,19 +1,158 @@
-"""The shard writer: one shard written under a temporary name, hashed, and renamed when complete.
+"""The one shard-writing core of a conversion, for the local converter and Beam alike.
+
+A shard is written from its encoded records in plan order. Each record's
+:func:`fate` is to be kept, dropped as a leak (a higher split already holds
+its content) or rejected (the reason the encoder gave). The shard goes to a
+temporary name of this attempt's own and is renamed into place when
+complete; then its note, the shard's manifest entry plus each record's
+content hash and fate, goes to ``OUT/.chute-work/NAME.json`` (see
+:func:`note_path`) the same way. A re-run keeps the shards that have a note
+(:func:`load_note`) and rebuilds what they hold from it; two attempts at one
+shard (a Beam bundle retried beside the first) write the same bytes under
+names of their own, so either may finish first.
 
 Example:
-    >>> with ShardWriter("ram://out/train-00000-of-00001.tfrecord") as w:  # doctest: +SKIP
-    ...     w.write(framed, labels=[0, 1])
-    >>> w.info["num_records"]  # doctest: +SKIP
-    2
+    >>> records = [(0, b"\\x01" * 32, b"framed", None), (1, b"\\x02" * 32, None, "truncated")]
+    >>> note = write_shard("out", "train-00000-of-00001.tfrecord", [records],
+    ...                    admit=lambda position, digest: True)  # doctest: +SKIP
+    >>> note["num_records"], [fate for _, fate in note["outcomes"]]  # doctest: +SKIP
+    (1, ['', 'truncated'])
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from chute.format import manifest, storage
+from chute.ingest.layout import split_of
+
+log = logging.getLogger(__name__)
+
+# A record's fate besides a reject reason: written, or dropped because its content is
+# already in a higher split (see chute.ingest.split.LeakGuard).
+KEPT, LEAK = "", "leak"
+# One encoded record: its label, content sha256, framed record and reject reason (or None).
+Record = tuple[int, bytes | None, bytes | None, str | None]
+
+
+def fate(reject: str | None, admit: Callable[[], bool]) -> str:
+    """What becomes of an encoded record: its ``reject`` reason; else :data:`KEPT`, or
+    :data:`LEAK` when ``admit()`` says a higher split already holds its content
+    (asked only of a record that was encoded).
+
+    Example:
+        >>> fate("truncated", lambda: True), fate(None, lambda: True), fate(None, lambda: False)
+        ('truncated', '', 'leak')
+    """
+    if reject is not None:
+        return reject
+    return KEPT if admit() else LEAK
+
+
+def rejected(outcome: str) -> bool:
+    """Whether a fate in a note is a reject reason (the record is in no shard, and was
+    never weighed against the other splits).
+
+    Example:
+        >>> rejected(KEPT), rejected(LEAK), rejected("not an image")
+        (False, False, True)
+    """
+    return outcome not in (KEPT, LEAK)
+
+
+def write_shard(
+    output: str,
+    name: str,
+    chunks: Iterable[Sequence[Record]],
+    *,
+    admit: Callable[[int, bytes], bool],
+) -> dict:
+    """Writes shard ``name`` into ``output`` (whose work folder exists), then its note.
+
+    Args:
+        output: the output folder.
+        name: the shard's file name (``train-00000-of-00016.tfrecord``).
+        chunks: the shard's encoded records in record order, in chunks; each chunk is
+            written as one piece.
+        admit: ``admit(position, sha256)``: whether the record at ``position`` in the
+            shard stays in its split (False: a higher split holds its content).
+
+    Returns:
+        The note: the shard's manifest entry, its ``split`` and, per record, its
+        ``outcomes`` (content sha256 in hex, fate).
+    """
+    attempt = uuid.uuid4().hex  # a retried Beam bundle may run beside the first attempt
+    outcomes: list[tuple[str | None, str]] = []
+    with ShardWriter(
+        storage.join(output, name),
+        tmp_dir=storage.join(output, manifest.WORK_DIR),
+        tmp_name=f"{name}.{attempt}.partial",
+    ) as writer:
+        for chunk in chunks:
+            kept, labels = [], []
+            for label, digest, record, reject in chunk:
+                outcome = fate(reject, functools.partial(admit, len(outcomes), digest))
+                outcomes.append((digest.hex() if digest else None, outcome))
+                if outcome == KEPT:
+                    kept.append(record)
+                    labels.append(label)
+            writer.write(b"".join(kept), labels)
+    note = dict(writer.info, split=split_of(name), outcomes=outcomes)
+    _write_atomic(note_path(output, name), json.dumps(note).encode(), attempt)
+    return note
+
+
+def note_path(output: str, name: str) -> str:
+    """Where the note of shard ``name`` is kept while a conversion runs.
+
+    Example:
+        >>> note_path("gs://b/out", "val-00000-of-00004.tfrecord")
+        'gs://b/out/.chute-work/val-00000-of-00004.tfrecord.json'
+    """
+    return storage.join(output, manifest.WORK_DIR, name + ".json")
+
+
+def read_note(output: str, name: str) -> dict:
+    """The note of shard ``name``, as written."""
+    return json.loads(storage.read_bytes(note_path(output, name)))
+
+
+def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | None:
+    """The note of a shard finished by an earlier run, if the shard is really there, with
+    the size and (unless not ``check_sha256``: a shard renamed into place before its
+    note was written, on a bucket) the sha256 the note recorded; else None."""
+    shard = storage.join(output, name)
+    if not (storage.exists(note_path(output, name)) and storage.exists(shard)):
+        return None
+    info = read_note(output, name)
+    if storage.size(shard) != info["bytes"]:
+        return None
+    if not check_sha256:
+        return info
+    digest = hashlib.sha256()
+    with storage.open_file(shard, "rb") as handle:
+        while block := handle.read(8 << 20):
+            digest.update(block)
+    if digest.hexdigest() != info["sha256"]:
+        log.warning("%s differs from what was written (sha256): writing it again", name)
+        return None
+    return info
+
+
+def _write_atomic(path: str, data: bytes, attempt: str) -> None:
+    """Writes ``data`` under this attempt's temporary name, then renames it to ``path``."""
+    tmp = f"{path}.{attempt}.tmp"
+    with storage.open_file(tmp, "wb") as handle:
+        handle.write(data)
+        storage.sync(handle)
+    storage.rename(tmp, path)
 
 
 class ShardWriter:
@@ -28,6 +167,12 @@ class ShardWriter:
     ``tmp_dir``), or ``tmp_name`` there: a name of its own per attempt lets two
     writers of the same shard (a Beam bundle retried while the first attempt
     still runs) finish in either order, each renaming identical bytes into place.
+
+    Example:
+        >>> with ShardWriter("ram://out/train-00000-of-00001.tfrecord") as w:  # doctest: +SKIP
+        ...     w.write(framed, labels=[0, 1])
+        >>> w.info["num_records"]  # doctest: +SKIP
+        2
     """
 
     def __init__(self, path: str, *, tmp_dir: str | None = None, tmp_name: str | None = None):

@@ -1,4 +1,4 @@
-"""The plan of a conversion: the image spec its options and the headers call for, and its shards.
+"""A conversion's layout: the image spec its options and the headers call for, and its shards.
 
 ``auto`` options are resolved here: grayscale when every image is, the common
 size when there is one, raw pixels for small images (barely larger than PNG
@@ -20,7 +20,7 @@ import re
 
 from chute.errors import ChuteError
 from chute.format.spec import ImageSpec
-from chute.ingest.decode import Probe
+from chute.image.header import Probe
 from chute.ingest.options import ConvertOptions
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,16 @@ def shard_runs(
     count = max(1, min(num_items, count))
     bounds = [num_items * i // count for i in range(count + 1)]
     return list(itertools.pairwise(bounds))
+
+
+def split_of(name: str) -> str:
+    """The split a shard file holds, from its name.
+
+    Example:
+        >>> split_of("val-00000-of-00004.tfrecord")
+        'val'
+    """
+    return SHARD_NAME.match(name)[1]
 
 
 @dataclasses.dataclass
