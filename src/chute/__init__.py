@@ -7,13 +7,15 @@ read back by a fast tf.data pipeline and trained on under any
 
 - ``chute.format``: the on-disk contract (record schema and framing, the
   manifest and its one ``ImageSpec``, model bundles, storage);
+- ``chute.image``: image preparation shared by the converter's workers, the
+  reader and predict (decode, orientation, colour mode, resize, encode);
 - ``chute.ingest``: ``convert`` (sources, split, decode/encode workers, shard
-  writer, resume) and ``verify``;
-- ``chute.read``: ``load`` (plan, shard reader, batches, augmentation, the
-  pipeline) and the ``image_dataset_from_directory`` drop-in;
+  writer, resume);
+- ``chute.read``: ``load`` and its ``LoadOptions`` (plan, shard reader, batches,
+  augmentation, the pipeline) and the ``image_dataset_from_directory`` drop-in;
 - ``chute.fit``: ``train`` (config, strategy, models, run directory, the
   multi-worker loop), ``evaluate``, ``predict``, ``export``;
-- ``chute.tools``: ``inspect``, reports, samples, the demo and ``bench``.
+- ``chute.tools``: ``inspect``, ``verify``, reports, samples, the demo and ``bench``.
 
 (The convert and train stages are ``ingest`` and ``fit``: a subpackage named
 ``chute.convert`` would replace the ``chute.convert`` function on this module
@@ -44,10 +46,11 @@ _EXPORTS = {
     "Manifest": "chute.format.manifest",
     "load_manifest": ("chute.format.manifest", "load"),
     "inspect": "chute.tools.inspect",
-    "verify": "chute.ingest.verify",
-    "VerifyReport": "chute.ingest.verify",
+    "verify": "chute.tools.verify",
+    "VerifyReport": "chute.tools.verify",
     "make_sample_folder": "chute.tools.samples",
     "load": "chute.read.load",
+    "LoadOptions": "chute.read.options",
     "auto_strategy": "chute.fit.strategy",
     "build_model": "chute.fit.models",
     "available_models": "chute.fit.models",
@@ -67,6 +70,7 @@ __all__ = [
     "ConvertOptions",
     "ConvertResult",
     "ImageSpec",
+    "LoadOptions",
     "Manifest",
     "TrainConfig",
     "TrainResult",
@@ -103,11 +107,12 @@ if TYPE_CHECKING:
     from chute.format.spec import ImageSpec
     from chute.ingest.convert import ConvertResult, convert
     from chute.ingest.options import ConvertOptions
-    from chute.ingest.verify import VerifyReport, verify
     from chute.read.dropin import image_dataset_from_directory
     from chute.read.load import load
+    from chute.read.options import LoadOptions
     from chute.tools.inspect import inspect
     from chute.tools.samples import make_sample_folder
+    from chute.tools.verify import VerifyReport, verify
 
 
 def __getattr__(name: str) -> Any:

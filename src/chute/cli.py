@@ -18,29 +18,36 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from chute import __version__
 from chute.errors import ChuteError
-from chute.fit.config import TrainConfig
+from chute.fit.config import LOAD_TABLE, TrainConfig
 from chute.ingest.beam import RUNNERS as BEAM_RUNNERS
 from chute.ingest.options import ConvertOptions
+from chute.read.options import LoadOptions
 
 
-def _add_options(parser: argparse.ArgumentParser, options: type) -> None:
+def _add_options(
+    parser: argparse.ArgumentParser, options: type, names: Collection[str] | None = None
+) -> None:
     """One flag per field of an options dataclass (``image_size`` -> ``--image-size``),
-    with the help, type and choices its field declares (see :func:`chute.settings.option`).
+    with the help, type and choices its field declares (see :func:`chute.settings.option`);
+    only the fields in ``names`` when given.
 
     Every flag defaults to None, meaning "not given": the dataclass's default
     (or a config file's value) applies.
     """
     for field in dataclasses.fields(options):
         meta = field.metadata
-        if not meta.get("flag", True):
+        if not meta.get("flag", True) or (names is not None and field.name not in names):
             continue
         help_text = meta["help"]
         if field.default not in (None, (), False):
-            help_text += f" (default: {field.default})"
+            default = field.default
+            if isinstance(default, tuple):  # as the flag is written: (0.75, 1.333...) -> 0.75,1.333
+                default = ",".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in default)
+            help_text += f" (default: {default})"
         kwargs: dict = {"dest": field.name, "default": None, "help": help_text}
         if isinstance(field.default, bool):
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -122,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--run-dir", help="where the model and reports go (default: runs/MODEL)")
     train.add_argument("--config", metavar="FILE.toml", help="options from a TOML file; flags win")
     _add_options(train, TrainConfig)
+    _add_options(train, LoadOptions, LOAD_TABLE)  # how the data are read: the [load] table
     train.add_argument("--overwrite", action="store_true", help="train again in a finished run_dir")
 
     evaluate = commands.add_parser("evaluate", help="loss, accuracy, top-5, per-class, confusion")
@@ -285,14 +293,14 @@ def _inspect(args: argparse.Namespace) -> int:
 
         print(inspect(args.path))
     if args.grid:
-        from chute.tools.report import draw_grid
+        from chute.tools.grid import draw_grid
 
         print(f"grid of sample images: {draw_grid(args.path, args.grid, split=args.split)}")
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from chute.ingest.verify import verify
+    from chute.tools.verify import verify
 
     bars = _Bars(_progress_enabled(args.progress))
     try:
@@ -316,6 +324,9 @@ def _train(args: argparse.Namespace) -> int:
     from chute.fit.train import train
 
     flags = _given(args, TrainConfig)
+    reading = {k: v for k, v in _given(args, LoadOptions).items() if k in LOAD_TABLE}
+    if reading:
+        flags["load"] = reading
     config = TrainConfig.from_toml(args.config, **flags) if args.config else TrainConfig(**flags)
     run_dir = args.run_dir or os.path.join("runs", config.model)
     result = train(args.data, run_dir, config=config, overwrite=args.overwrite)

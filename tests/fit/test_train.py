@@ -106,6 +106,77 @@ def test_config_file_and_flags(tmp_path):
         TrainConfig.from_toml(str(toml))
 
 
+def test_a_load_table_sets_how_the_data_are_read(tmp_path):
+    toml = tmp_path / "train.toml"
+    toml.write_text(
+        'epochs = 3\n[load]\ncache = "none"\nshuffle_buffer = 512\ncrop_scale = [0.25, 1.0]\n'
+    )
+    config = TrainConfig.from_toml(str(toml), load={"shuffle_buffer": 64}, epochs=None)
+    assert config.epochs == 3
+    assert config.load == chute.LoadOptions(cache=None, shuffle_buffer=64, crop_scale=(0.25, 1))
+    assert TrainConfig().load == chute.LoadOptions()  # the reader's own defaults
+    assert TrainConfig(load={"skip_corrupt": True}).load.skip_corrupt
+    toml.write_text("[load]\ncahce = 'memory'\n")
+    with pytest.raises(ChuteError, match=r"Unknown load option\(s\) \['cahce'\]"):
+        TrainConfig.from_toml(str(toml))
+    toml.write_text("[load]\nshuffle_buffer = 0\n")
+    with pytest.raises(ChuteError, match=r"`shuffle_buffer` must be a positive integer"):
+        TrainConfig.from_toml(str(toml))
+    toml.write_text("[load]\nbatch_size = 64\n")
+    with pytest.raises(ChuteError, match=r"`load.batch_size` cannot be set.*set `batch_size`"):
+        TrainConfig.from_toml(str(toml))
+    with pytest.raises(ChuteError, match=r"`load.dtype` cannot be set.*chooses it"):
+        TrainConfig(load=chute.LoadOptions(dtype="float32"))
+
+
+class _Stop(Exception):
+    """Raised by a spy once it has seen what it was after."""
+
+
+def test_training_reads_with_the_load_options(data, tmp_path, monkeypatch):
+    seen = []
+
+    def spy(manifest, split, options, **overrides):
+        seen.append((split, options, overrides))
+        raise _Stop
+
+    monkeypatch.setattr(training, "load", spy)
+    with pytest.raises(_Stop):
+        chute.train(data, tmp_path / "run", **FAST, load={"cache": None, "shuffle_buffer": 16})
+    ((split, options, overrides),) = seen
+    assert split == "train" and (options.cache, options.shuffle_buffer) == (None, 16)
+    assert overrides["batch_size"] == 8 and overrides["seed"] == 1337
+
+
+def test_cli_reading_flags_fill_the_load_options(data, tmp_path, monkeypatch, capsys):
+    from chute import cli
+    from chute.fit import train as train_module
+
+    toml = tmp_path / "train.toml"
+    toml.write_text("[load]\nshuffle_buffer = 512\ncache = 'memory'\n")
+    configs = []
+
+    def spy(data, run_dir, *, config, overwrite):
+        configs.append(config)
+        raise _Stop
+
+    monkeypatch.setattr(train_module, "train", spy)
+    with pytest.raises(_Stop):
+        cli.main(["train", str(data), "--config", str(toml), "--cache", "none",
+                  "--crop-ratio", "0.5,2", "--skip-corrupt"])  # fmt: skip
+    (config,) = configs
+    assert config.load == chute.LoadOptions(
+        shuffle_buffer=512, cache=None, crop_ratio=(0.5, 2.0), skip_corrupt=True
+    )
+    assert cli.main(["train", str(data), "--crop-scale", "0.5,0.2"]) == 2
+    assert "`crop_scale` must be a (min, max) pair" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # unwrapped
+    assert "--shuffle-buffer N" in shown and "(default: 0.08,1)" in shown
+    assert "--batch-size" in shown and shown.count("--batch-size") == 2  # usage + help, once
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
@@ -248,13 +319,13 @@ def test_a_resumed_run_keeps_its_best_history_and_patience(data, tmp_path, monke
 def test_patience_counts_the_epochs_before_a_resume(tmp_path):
     """Best at epoch 2 of 4 done before a resume, patience 3: one more epoch without a
     better score stops the run (Keras's EarlyStopping would wait 3 more)."""
-    from chute.fit import trainer
+    from chute.fit import trainable
     from chute.fit.rundir import prepare
 
     run = prepare(tmp_path / "run", overwrite=False)
     earlier = {"val_accuracy": [0.5, 0.8, 0.7, 0.6], "loss": [1.0, 0.8, 0.7, 0.6]}
     (tmp_path / "run" / "progress-all.json").write_text(json.dumps(earlier))
-    kept = trainer.progress(run, "all", "val_accuracy", patience=3)
+    kept = trainable.progress(run, "all", "val_accuracy", patience=3)
 
     class Model:
         stop_training = False

@@ -13,7 +13,7 @@ from helpers import Killed, dying_epoch_timer, make_folder
 
 import chute
 from chute import ChuteError
-from chute.fit import trainer
+from chute.fit import trainable
 from chute.fit.models import build_model
 
 SIZE = 96  # MobileNetV2 has ImageNet weights for 96, 128, 160, 192 and 224
@@ -82,7 +82,7 @@ def test_imagenet_weights_come_from_kerass_cache_offline(keras_home, offline):
     model = build_model(
         "MobileNetV2", input_shape=(SIZE, SIZE, 3), num_classes=3, weights="imagenet"
     )
-    backbone = trainer.backbone_of(model)
+    backbone = trainable.backbone_of(model)
     loaded = [
         np.asarray(w)
         for layer in backbone.layers
@@ -133,13 +133,13 @@ def test_fine_tune_trains_the_head_then_the_backbone_and_resumes(
         "verbose": 0,
     }
     seen = []
-    real_freeze = trainer.freeze
+    real_freeze = trainable.freeze
 
     def spy(model, phase, fine_tune):
         real_freeze(model, phase, fine_tune)
-        backbone = trainer.backbone_of(model)
-        trainable = [layer.name for layer in backbone.layers if layer.trainable_weights]
-        seen.append((phase, len(trainable), backbone.trainable))
+        backbone = trainable.backbone_of(model)
+        training_layers = [layer.name for layer in backbone.layers if layer.trainable_weights]
+        seen.append((phase, len(training_layers), backbone.trainable))
 
     # killed after the first fine-tuning epoch was backed up
     dying_timer = dying_epoch_timer(
@@ -147,7 +147,7 @@ def test_fine_tune_trains_the_head_then_the_backbone_and_resumes(
     )
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
-        patch.setattr(trainer, "freeze", spy)
+        patch.setattr(trainable, "freeze", spy)
         patch.setattr(training, "_EpochTimer", dying_timer)
         with pytest.raises(Killed):
             chute.train(photos, run, **options)

@@ -17,7 +17,7 @@ from PIL import Image
 
 import chute
 from chute.lazy import tf
-from chute.read import graph
+from chute.read import pipeline
 from chute.read.plan import BLOCK
 
 PER_CLASS = 650  # two classes, two shards of 650 records each: three blocks of at most 256
@@ -58,7 +58,7 @@ def _epoch(ds) -> list[tuple[int, bytes]]:
 def blocks_read(monkeypatch) -> list[tuple[int, int]]:
     """``(shard index, records)`` of each block read from a shard (0 marks a shard's end)."""
     seen: list[tuple[int, int]] = []
-    real = graph.shard_blocks
+    real = pipeline.shard_blocks
 
     def spied(plan, names, expected, corrupt):
         read = real(plan, names, expected, corrupt)
@@ -79,7 +79,7 @@ def blocks_read(monkeypatch) -> list[tuple[int, int]]:
 
         return read_and_note
 
-    monkeypatch.setattr(graph, "shard_blocks", spied)
+    monkeypatch.setattr(pipeline, "shard_blocks", spied)
     return seen
 
 

@@ -14,7 +14,7 @@ from PIL import Image
 
 import chute
 from chute import ChuteError
-from chute.read import images as image_ops
+from chute.image import tf_ops
 
 SIZE = (16, 16)
 BATCH = 4
@@ -91,14 +91,14 @@ def test_random_crop_eagerly_and_in_tf_data_agree(photos):
     spec = manifest.image
     options = {"scale": (0.2, 1.0), "ratio": (0.75, 1.33), "flip": True}
     key = tf.constant(12345, tf.int64)
-    eager = image_ops.random_crop(data, spec, SIZE, key, **options).numpy()
+    eager = tf_ops.random_crop(data, spec, SIZE, key, **options).numpy()
     mapped = tf.data.Dataset.from_tensors((data, key)).map(
-        lambda d, k: image_ops.random_crop(d, spec, SIZE, k, **options)
+        lambda d, k: tf_ops.random_crop(d, spec, SIZE, k, **options)
     )
     np.testing.assert_array_equal(next(iter(mapped)).numpy(), eager)
     assert eager.shape == (*SIZE, 3) and eager.dtype == np.uint8
     # another key, another crop
-    other = image_ops.random_crop(data, spec, SIZE, key + 1, **options).numpy()
+    other = tf_ops.random_crop(data, spec, SIZE, key + 1, **options).numpy()
     assert not np.array_equal(other, eager)
 
 
@@ -111,9 +111,9 @@ def test_a_crop_covers_the_share_of_the_area_asked(photos):
     spec = manifest.image
     square = next(r for r in all_records(photos) if r["size"] == (40, 40))
     data = tf.constant(square["image"])
-    whole = image_ops.centre_crop(data, spec, SIZE, 1.0).numpy()
+    whole = tf_ops.centre_crop(data, spec, SIZE, 1.0).numpy()
     for key in range(6):
-        crop = image_ops.random_crop(
+        crop = tf_ops.random_crop(
             data, spec, SIZE, tf.constant(key, tf.int64), scale=(1.0, 1.0), ratio=(1.0, 1.0),
             flip=True,
         ).numpy()  # fmt: skip
@@ -127,7 +127,7 @@ def test_evaluation_takes_the_centre_crop_predict_takes(photos):
     ds = _load(photos, training=False)
     got = [image for images, _ in ds for image in images.numpy()]
     expected = [
-        image_ops.centre_crop(tf.constant(r["image"]), manifest.image, SIZE, 0.875).numpy()
+        tf_ops.centre_crop(tf.constant(r["image"]), manifest.image, SIZE, 0.875).numpy()
         for r in all_records(photos)
     ]
     assert sorted(x.tobytes() for x in got) == sorted(x.tobytes() for x in expected)
@@ -138,16 +138,16 @@ def test_heavy_augmentation_on_the_device_is_left_out_of_the_pipeline(photos):
 
     plain = sorted(_keys(_load(photos, training=False, crop_fraction=1.0)))
     ds = _load(photos, augment=["zoom", "contrast"], augment_on="device", seed=2)
-    assert ds.device_augmentation is not None
-    assert ds.device_augmentation.names == ["zoom", "contrast"]
+    assert ds.chute.device_augmentation is not None
+    assert ds.chute.device_augmentation.names == ["zoom", "contrast"]
     # images arrive as the plain pipeline's (here: whole images, resized)
     assert sorted(_keys(ds)) == plain
     images, _ = next(iter(ds))
-    out = ds.device_augmentation(images)
+    out = ds.chute.device_augmentation(images)
     assert out.dtype == tf.uint8 and out.shape == images.shape
     assert not np.array_equal(out.numpy(), images.numpy())
     host = _load(photos, augment=["zoom", "contrast"], augment_on="host", seed=2)
-    assert host.device_augmentation is None
+    assert host.chute.device_augmentation is None
     assert sorted(_keys(host)) != plain
 
 

@@ -215,8 +215,8 @@ def test_a_global_seed_still_gives_each_dataset_its_own_order(data):
 
 
 def test_class_names(data, two_classes):
-    assert chute.load(data.out(), batch_size=BATCH).class_names == ["a", "b", "c"]
-    assert chute.load(two_classes, batch_size=BATCH).class_names == ["cat", "dog"]
+    assert chute.load(data.out(), batch_size=BATCH).chute.class_names == ("a", "b", "c")
+    assert chute.load(two_classes, batch_size=BATCH).chute.class_names == ("cat", "dog")
 
 
 # -- shapes, dtypes, labels ---------------------------------------------------------------------
@@ -309,7 +309,12 @@ def test_len_is_exact(data, cache):
     assert len(train) == 18 // BATCH == sum(1 for _ in train)
     assert len(evaluation) == math.ceil(18 / BATCH) == sum(1 for _ in evaluation)
     assert len(val) == math.ceil(6 / BATCH) == sum(1 for _ in val)
-    assert train.num_examples == 18 and val.num_examples == 6
+    assert train.chute.num_examples == 18 and val.chute.num_examples == 6
+    assert (train.chute.steps, evaluation.chute.steps, val.chute.steps) == (
+        len(train),
+        len(evaluation),
+        len(val),
+    )
 
 
 @pytest.mark.parametrize("encoding", ["raw", "png"])
@@ -558,6 +563,69 @@ def test_bad_arguments_name_the_argument(data, kwargs, name):
         chute.load(data.out(), **args)
 
 
+def test_options_and_keyword_overrides(data):
+    out = data.out()
+    options = chute.LoadOptions(batch_size=2, training=False, label_mode=None)
+    ds = chute.load(out, "train", options, batch_size=BATCH)
+    assert ds.chute.options == dataclasses.replace(options, batch_size=BATCH)
+    assert options.batch_size == 2  # the options given are not changed
+    assert ds.element_spec.shape.as_list() == [None, HEIGHT, WIDTH, 3]  # images only, kept
+    assert len(ds) == math.ceil(18 / BATCH) == sum(1 for _ in ds)
+    assert len(chute.load(out, "train", options)) == 18 // 2
+    as_mapping = chute.load(out, "train", {"batch_size": BATCH, "training": False}, label_mode=None)
+    assert as_mapping.chute.options == ds.chute.options
+
+
+def test_keyword_calls_read_as_the_same_options(data):
+    out = data.out()
+    by_text = chute.load(out, "train", batch_size=BATCH, augment="flip,contrast", seed=3)
+    by_list = chute.load(out, "train", batch_size=BATCH, augment=["flip", "contrast"], seed=3)
+    options = chute.LoadOptions(batch_size=BATCH, augment=("flip", "contrast"), seed=3)
+    assert by_text.chute.options == by_list.chute.options == options
+    assert [_key(e) for e in _examples(by_text)] == [_key(e) for e in _examples(by_list)]
+
+
+def test_unknown_keywords_and_options_are_named(data):
+    with pytest.raises(ChuteError, match=r"Unknown load option\(s\) \['batchsize'\]"):
+        chute.load(data.out(), batch_size=BATCH, batchsize=4)
+    with pytest.raises(ChuteError, match=r"Unknown load option\(s\) \['augmnet'\]"):
+        chute.load(data.out(), "train", chute.LoadOptions(), augmnet=["flip"])
+    with pytest.raises(ChuteError, match=r"`options` must be a LoadOptions.*Received: options=32"):
+        chute.load(data.out(), "train", 32)
+
+
+def test_the_dataset_tells_what_it_reads_in_one_info_object(data):
+    import tensorflow as tf
+
+    from chute.read.load import LoadInfo, info_of
+
+    ds = chute.load(
+        data.out(), batch_size=BATCH, augment=["flip", "zoom"], augment_on="device", cache="memory"
+    )
+    info = info_of(ds)
+    assert isinstance(info, LoadInfo) and info is ds.chute
+    assert info.class_names == ("a", "b", "c") and info.num_examples == 18 and info.training
+    assert info.steps == len(ds) == 18 // BATCH
+    assert info.per_replica_batch_size == info.global_batch_size == BATCH
+    assert info.device_augmentation.names == ["flip", "zoom"]  # blocks: the flip too
+    assert info.cached_in == "memory" and info.corrupt_count() == 0
+    assert info.options.augment == ("flip", "zoom") and info.options.augment_on == "device"
+    for old in ("class_names", "num_examples", "global_batch_size", "corrupt_count"):
+        assert not hasattr(ds, old)  # one typed object, not loose attributes
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.steps = 1
+    evaluation = chute.load(data.out(), "val", batch_size=BATCH).chute
+    assert (evaluation.training, evaluation.steps, evaluation.device_augmentation) == (
+        False,
+        math.ceil(6 / BATCH),
+        None,
+    )
+    with pytest.raises(ChuteError, match=r"not returned by chute\.load"):
+        info_of(ds.map(lambda images, labels: (images, labels)))
+    with pytest.raises(ChuteError, match=r"not returned by chute\.load"):
+        info_of(tf.data.Dataset.range(3))
+
+
 def test_not_a_dataset_is_a_chute_error(tmp_path):
     with pytest.raises(ChuteError):
         chute.load(tmp_path, batch_size=BATCH)
@@ -629,10 +697,11 @@ def test_input_contexts_cover_every_record_once(data, min_shards):
     parts = []
     for index in range(2):
         ds = chute.load(out, batch_size=BATCH, training=False, input_context=_context(index))
-        assert ds.per_replica_batch_size == BATCH and ds.global_batch_size == 2 * BATCH
+        info = ds.chute
+        assert info.per_replica_batch_size == BATCH and info.global_batch_size == 2 * BATCH
         got = _examples(ds)
         assert got, "every input pipeline reads something"
-        assert len(got) == ds.num_examples
+        assert len(got) == info.num_examples
         parts.append(got)
     union = _multiset(parts[0] + parts[1])
     assert union == _multiset(data.expected("train", "raw", min_shards=min_shards))
@@ -658,8 +727,9 @@ def test_strategy_gives_a_distributed_dataset(data):
     out = data.out()
     ds = chute.load(out, "val", batch_size=BATCH, training=False, strategy=strategy)
     assert isinstance(ds, tf.distribute.DistributedDataset)
-    assert ds.global_batch_size == BATCH * strategy.num_replicas_in_sync == BATCH
-    assert ds.class_names == ["a", "b", "c"]
+    assert ds.chute.global_batch_size == BATCH * strategy.num_replicas_in_sync == BATCH
+    assert ds.chute.class_names == ("a", "b", "c")
+    assert ds.chute.steps == math.ceil(6 / BATCH) and ds.chute.num_examples == 6
 
     @tf.function
     def step(images):
@@ -836,10 +906,10 @@ def test_skip_corrupt_completes_and_counts(fresh, encoding, training):
 
     ds = chute.load(out, batch_size=BATCH, training=training, skip_corrupt=True)
     yielded = _count_examples(ds)
-    assert ds.corrupt_count() > 0
+    assert ds.chute.corrupt_count() > 0
     assert 0 < yielded < 24
     if not training:  # evaluation yields what survived; together with the lost, all 24
-        assert yielded + ds.corrupt_count() == 24
+        assert yielded + ds.chute.corrupt_count() == 24
 
 
 def _make_unopenable(path: str) -> None:
@@ -866,7 +936,7 @@ def test_a_shard_that_exists_but_cannot_be_read_is_named_or_skipped(fresh):
         chute.load(out, batch_size=BATCH, training=False)
     ds = chute.load(out, batch_size=BATCH, training=False, skip_corrupt=True)
     assert _count_examples(ds) == 24 - lost
-    assert ds.corrupt_count() == lost > 0
+    assert ds.chute.corrupt_count() == lost > 0
     training = chute.load(out, batch_size=BATCH, skip_corrupt=True, seed=1)
     assert 0 < _count_examples(training) <= 24 - lost
 
@@ -892,7 +962,7 @@ def test_undecodable_record_is_skipped_and_counted(fresh, encoding):
     _spoil_image(shard, 2)
     ds = chute.load(out, batch_size=BATCH, training=False, skip_corrupt=True, cache=None)
     assert _count_examples(ds) == 23
-    assert ds.corrupt_count() == 1
+    assert ds.chute.corrupt_count() == 1
 
 
 @pytest.mark.timeout(120)
@@ -909,7 +979,7 @@ def test_corrupt_shard_inside_model_fit(fresh):
     skipping = chute.load(out, batch_size=BATCH, skip_corrupt=True, cache=None)
     history = model.fit(skipping, epochs=1, verbose=0)
     assert len(history.history["loss"]) == 1
-    assert skipping.corrupt_count() > 0
+    assert skipping.chute.corrupt_count() > 0
 
 
 @pytest.mark.timeout(120)
@@ -947,7 +1017,7 @@ def test_ram_filesystem(data):
     out = f"ram://chute-load-test-{uuid.uuid4().hex}/out"
     chute.convert(data.src, out, val_fraction=0.25, min_shards=2, workers=1, encoding="png")
     ds = chute.load(out, batch_size=BATCH, training=False)
-    assert ds.class_names == ["a", "b", "c"]
+    assert ds.chute.class_names == ("a", "b", "c")
     assert _multiset(_examples(ds)) == _multiset(_expected(data.src, out, "train"))
     train = chute.load(out, batch_size=BATCH, seed=1)
     assert len(train) == 18 // BATCH == sum(1 for _ in train)
@@ -957,23 +1027,15 @@ def test_the_block_shuffle_is_capped_by_bytes_like_the_window(data):
     """Cached 224x224x3 blocks are ~38 MB each: the block shuffle holds a window's
     worth (<= 128 MB), not shuffle_buffer // 256 of them (32 blocks, ~1.2 GB)."""
     from chute.read import plan as plan_lib
-    from chute.read.augment import AugmentSpec
 
     manifest = chute.load_manifest(data.out())
     large = dataclasses.replace(manifest.image, height=224, width=224)
     big = dataclasses.replace(manifest, image=large)
-    read = plan_lib.make_plan(
-        big, "train", batch_size=BATCH, training=True, image_size=None, dtype="uint8",
-        label_mode="int", cache="memory", seed=1, shuffle_buffer=8192, pad_final_batch=False,
-        repeat=False, skip_corrupt=False, input_context=None, augment=AugmentSpec(),
-    )  # fmt: skip
+    options = chute.LoadOptions(batch_size=BATCH, cache="memory", seed=1)
+    read = plan_lib.make_plan(big, "train", options)
     block_bytes = plan_lib.BLOCK * 224 * 224 * 3
     assert read.shuffled_blocks * block_bytes <= plan_lib.WINDOW_BYTES
-    small = plan_lib.make_plan(
-        manifest, "train", batch_size=BATCH, training=True, image_size=None, dtype="uint8",
-        label_mode="int", cache="memory", seed=1, shuffle_buffer=8192, pad_final_batch=False,
-        repeat=False, skip_corrupt=False, input_context=None, augment=AugmentSpec(),
-    )  # fmt: skip
+    small = plan_lib.make_plan(manifest, "train", options)
     assert small.shuffled_blocks == 8192 // plan_lib.BLOCK  # small images: as before
 
 
@@ -986,7 +1048,7 @@ def test_corrupt_count_is_per_epoch(fresh, encoding):
     counts = []
     for _ in range(3):
         yielded = _count_examples(ds)
-        counts.append(ds.corrupt_count())
+        counts.append(ds.chute.corrupt_count())
         assert yielded + counts[-1] == 24
     assert counts[0] > 0 and counts == [counts[0]] * 3  # not 1x, 2x, 3x
 
@@ -1043,21 +1105,66 @@ def test_the_memory_limit_is_the_containers_when_lower(tmp_path):
 def test_cache_auto_shares_one_budget_in_the_process(data, monkeypatch, caplog):
     import gc
 
-    from chute.read import plan as plan_lib
+    from chute.read import load as load_lib
 
     out = data.out()
     size = 18 * HEIGHT * WIDTH * 3  # the train split, decoded
-    monkeypatch.setattr(plan_lib, "CACHE_BUDGET", plan_lib.CacheBudget(size + size // 2))
+    monkeypatch.setattr(load_lib, "CACHE_BUDGET", load_lib.CacheBudget(size + size // 2))
     with caplog.at_level("INFO", logger="chute.read.plan"):
         first = chute.load(out, batch_size=BATCH)
         second = chute.load(out, batch_size=BATCH)
-    assert first.cached_in == "memory" and second.cached_in is None
+    assert first.chute.cached_in == "memory" and second.chute.cached_in is None
     assert "kept in memory" in caplog.text and "read from the shards each epoch" in caplog.text
+    assert load_lib.CACHE_BUDGET.used == size
     del first
     gc.collect()
-    third = chute.load(out, batch_size=BATCH)  # the first one's share came back
-    assert third.cached_in == "memory"
-    assert _multiset(_examples(third)) and plan_lib.CACHE_BUDGET.used == size
+    assert load_lib.CACHE_BUDGET.used == 0  # dropping the dataset gave its share back
+    third = chute.load(out, batch_size=BATCH)  # and the next dataset takes it
+    assert third.chute.cached_in == "memory"
+    assert _multiset(_examples(third)) and load_lib.CACHE_BUDGET.used == size
+    del third
+    gc.collect()
+    assert load_lib.CACHE_BUDGET.used == 0
+
+
+def test_making_a_plan_reserves_nothing(data, monkeypatch):
+    """make_plan is pure: what cache="auto" may take is an input, and the reservation is
+    load's, given back when the dataset is gone."""
+    from chute.read import load as load_lib
+    from chute.read import plan as plan_lib
+
+    size = 18 * HEIGHT * WIDTH * 3
+    budget = load_lib.CacheBudget(10 * size)
+    monkeypatch.setattr(load_lib, "CACHE_BUDGET", budget)
+    manifest = chute.load_manifest(data.out())
+    options = chute.LoadOptions(batch_size=BATCH)
+    fits = plan_lib.make_plan(manifest, "train", options, cache_room=size)
+    assert (fits.cache, fits.cache_bytes) == ("", size) and budget.used == 0
+    short = plan_lib.make_plan(manifest, "train", options, cache_room=size - 1)
+    assert (short.cache, short.cache_bytes) == (None, 0)
+
+
+def test_a_failed_build_gives_the_cache_reservation_back(data, monkeypatch):
+    from chute.read import load as load_lib
+
+    budget = load_lib.CacheBudget(1 << 30)
+    monkeypatch.setattr(load_lib, "CACHE_BUDGET", budget)
+    reserved = []
+    real_reserve = budget.reserve
+
+    def reserve(size):
+        reserved.append(size)
+        return real_reserve(size)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("build failed")
+
+    monkeypatch.setattr(budget, "reserve", reserve)
+    monkeypatch.setattr(load_lib, "build", broken)
+    with pytest.raises(RuntimeError, match="build failed"):
+        chute.load(data.out(), batch_size=BATCH)
+    assert reserved == [18 * HEIGHT * WIDTH * 3]  # taken for the split, then given back
+    assert budget.used == 0
 
 
 def test_disk_caches_of_splits_and_versions_never_mix(data, tmp_path):

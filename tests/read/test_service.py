@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_folder, run_cli, write_image
+from helpers import make_folder, run_here, write_image
 from PIL import Image
 
 import chute
@@ -210,7 +210,7 @@ def test_hosts_share_one_job_and_single_pipelines_use_their_own(monkeypatch):
 
 
 def test_cli_worker_with_a_bad_dispatcher_fails_cleanly():
-    result = run_cli("data-service", "worker", "--dispatcher", "not-an-address")
+    result = run_here("data-service", "worker", "--dispatcher", "not-an-address")
     assert result.returncode == 2
     assert "`dispatcher` must be a dispatcher address" in result.stderr
     assert "Traceback" not in result.stderr

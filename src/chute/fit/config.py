@@ -12,18 +12,38 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from chute import checks
 from chute.errors import ChuteError
 from chute.fit.strategy import KINDS, PRECISIONS
-from chute.ingest.options import parse_image_size
+from chute.image.size import parse_image_size
+from chute.read.options import LoadOptions
 from chute.settings import from_mapping, option
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 AUGMENT_ON = ("auto", "host", "device")
 SCHEDULES = ("constant", "cosine", "exponential")
 CLASS_WEIGHTS = (None, "balanced")
+# LoadOptions that chute train chooses for each split, from the training option named
+# (None: from what the model needs); the rest come from the `load` option.
+SET_BY_TRAIN = {
+    "batch_size": "batch_size",
+    "image_size": "image_size",
+    "augment": "augment",
+    "augment_on": "augment_on",
+    "crop_fraction": "crop_fraction",
+    "seed": "seed",
+    "data_service": "data_service",
+    "training": None,
+    "dtype": None,
+    "label_mode": None,
+    "repeat": None,
+    "pad_final_batch": None,
+}
+# What a TOML [load] table, and chute train's reading flags, may set.
+LOAD_TABLE = tuple(f.name for f in dataclasses.fields(LoadOptions) if f.name not in SET_BY_TRAIN)
 
 
 def _names(value: Any) -> tuple[str, ...]:
@@ -78,6 +98,11 @@ class TrainConfig:
             then run in the train step.
         seed: seeds Keras, the data order and augmentation (not the order of
             data read through ``data_service``).
+        load: how the data are read, the fields of
+            :class:`~chute.read.options.LoadOptions` that chute train does not
+            choose itself (``cache``, ``shuffle_buffer``, ``crop_scale``,
+            ``crop_ratio``, ``skip_corrupt``): a ``LoadOptions``, or a mapping
+            such as a TOML file's ``[load]`` table.
     """
 
     model: str = option("kannada-cnn", "registry name or keras.applications model")
@@ -132,6 +157,8 @@ class TrainConfig:
         metavar="grpc://HOST:PORT",
     )  # fmt: skip
     seed: int = option(1337, "seeds Keras, the data order and augmentation")
+    # a frozen LoadOptions: one default instance is safely shared
+    load: LoadOptions = option(LoadOptions(), "how the data are read ([load])", flag=False)  # noqa: RUF009
 
     def __post_init__(self) -> None:
         checks.positive_int("epochs", self.epochs)
@@ -186,6 +213,7 @@ class TrainConfig:
 
             address = check_address("data_service", self.data_service)
             object.__setattr__(self, "data_service", address)
+        object.__setattr__(self, "load", _load_options(self.load))
 
     @property
     def pretrained(self) -> bool:
@@ -202,7 +230,8 @@ class TrainConfig:
 
     @classmethod
     def from_toml(cls, path: str, **overrides: Any) -> TrainConfig:
-        """Reads a TOML file (its top-level keys are the fields); ``overrides`` win."""
+        """Reads a TOML file (its top-level keys are the fields, its ``[load]`` table the
+        ``load`` option's); ``overrides`` win, key by key within ``load``."""
         if sys.version_info >= (3, 11):
             import tomllib
         else:  # pragma: no cover
@@ -216,10 +245,31 @@ class TrainConfig:
             ) from None
         except tomllib.TOMLDecodeError as error:
             raise ChuteError(f"`config` is not valid TOML: {path!r} ({error})") from None
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        for key, value in overrides.items():
+            if key == "load" and isinstance(value, Mapping):  # a [load] table's keys win
+                values["load"] = {**values.get("load", {}), **value}
+            elif value is not None:
+                values[key] = value
         return cls.from_dict(values)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """Builds a config, naming unknown keys in the error."""
         return from_mapping(cls, values, "training option")
+
+
+def _load_options(value: Any) -> LoadOptions:
+    """``load`` as :class:`LoadOptions`, setting none of the options chute train chooses."""
+    if isinstance(value, Mapping):
+        value = LoadOptions.from_dict(value)
+    elif not isinstance(value, LoadOptions):
+        raise checks.bad_value("load", value, "a LoadOptions or a table of its fields")
+    defaults = LoadOptions()
+    for name, own in SET_BY_TRAIN.items():
+        if getattr(value, name) != getattr(defaults, name):
+            instead = f"set `{own}` instead" if own else "chute train chooses it for each split"
+            raise ChuteError(
+                f"`load.{name}` cannot be set for chute train: {instead}. "
+                f"Received: load.{name}={getattr(value, name)!r}"
+            )
+    return value

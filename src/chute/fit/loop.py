@@ -25,9 +25,10 @@ from chute.errors import ChuteError
 from chute.fit.config import TrainConfig
 from chute.fit.objective import categorical, make_loss, make_optimizer
 from chute.fit.rundir import RunDir
-from chute.fit.trainer import checkpoints
+from chute.fit.trainable import checkpoints
 from chute.format import storage
 from chute.lazy import keras, tf
+from chute.read.load import info_of
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,9 @@ def fit_multiworker(
         # its slots now, so a restore fills them at once (and a re-saved backup holds them)
         optimizer.build(model.trainable_variables)
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+    global_batch = info_of(train_ds).global_batch_size
     train_step, val_step = _steps(model, strategy, optimizer, config, class_weight, augmentation,
-                                  train_ds.global_batch_size)  # fmt: skip
-    global_batch = train_ds.global_batch_size
+                                  global_batch)  # fmt: skip
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
     manager = _manager(checkpoint, backup)
     history_file = storage.join(backup, "history.json")

@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 
 from chute.errors import ChuteError
-from chute.fit import backbones, cnns, models, rundir
+from chute.fit import backbones, cnns, models, rundir, trainable
 from chute.fit import strategy as strategy_lib
-from chute.fit import trainer as trainable
 from chute.fit.config import TrainConfig
 from chute.fit.objective import categorical, make_loss, make_metrics, make_optimizer
 from chute.format import manifest as manifest_lib
@@ -36,8 +35,9 @@ from chute.format import storage
 from chute.format.bundle import load_model, save_bundle
 from chute.lazy import keras
 from chute.read.augment import FUSED, DeviceAugmentation
-from chute.read.load import load
-from chute.read.plan import default_crop_fraction, pipeline_sizes
+from chute.read.load import info_of, load
+from chute.read.options import LoadOptions
+from chute.read.plan import default_crop_fraction
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class _Inputs:
 
     train: Any
     val: Any | None
-    steps: int  # training steps per epoch
+    steps: int  # training steps per epoch, as the reader counts them
     global_batch: int
     monitor: str  # what "best" means: val_accuracy, or accuracy without a val split
     input_shape: tuple[int, int, int]
@@ -182,12 +182,11 @@ def _input_size(config: TrainConfig, manifest: manifest_lib.Manifest) -> tuple[i
 
 
 def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any) -> _Inputs:
-    """The training and validation datasets, and the steps of an epoch.
+    """The training and validation datasets, and the steps of an epoch (the reader's).
 
-    Under ``MultiWorkerMirroredStrategy`` each worker reads its own part at the
-    per-replica batch and every worker runs the smallest worker's steps;
-    otherwise one pipeline yields the whole global batch, which Keras splits
-    across the replicas.
+    One input pipeline yields the whole global batch, which Keras splits across
+    the replicas; or, under ``MultiWorkerMirroredStrategy`` and on TPU pod
+    slices, each host reads its own part (see :func:`_train_split`).
     """
     global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
     log.info(
@@ -196,94 +195,114 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
         config.batch_size,
         strategy.num_replicas_in_sync,
     )
-    accelerator = strategy.chute_kind in ("tpu", "gpu", "multi-gpu")
-    augment_on = config.augment_on
-    if augment_on == "auto":
-        # the tf.data service's workers run graphs only: heavy augmentation in the step
-        augment_on = "device" if accelerator or config.data_service else "host"
     size = _input_size(config, manifest)
     crop_fraction = config.crop_fraction or default_crop_fraction(manifest.image)
     label_mode = "categorical" if categorical(config) else "int"
-    common = {"label_mode": label_mode, "image_size": size}
-    training = {
-        **common,
-        "augment": list(config.augment),
-        "augment_on": augment_on,
-        "data_service": config.data_service,
-    }
-    hosts = strategy_lib.count_hosts(strategy)
-    per_host = _per_host(strategy)
-    val_steps, val_padded = None, 1.0
-    if per_host:
-        # Each host reads its own shards at its replicas' batch (distribute_datasets_from_
-        # function), repeated: an epoch is the smallest host's share in `steps` batches.
-        per_pipeline = global_batch // hosts
-        steps = min(pipeline_sizes(manifest, "train", hosts)) // per_pipeline
-        if config.data_service:  # the service deals the whole split to every host's job
-            steps = manifest.num_examples("train") // global_batch
-        train_ds = load(
-            manifest,
-            "train",
-            batch_size=config.batch_size,
-            seed=config.seed,
-            strategy=strategy,
-            repeat=True,
-            **training,
-        )
-    else:
-        # Through the tf.data service: repeated, each repetition a job of `steps` batches
-        # (the epoch Keras is told; a job cut short by a lost worker ends sooner).
-        repeated = config.data_service is not None
-        train_ds = load(
-            manifest,
-            "train",
-            batch_size=global_batch,
-            seed=config.seed,
-            repeat=repeated,
-            **training,
-        )
-        steps = manifest.num_examples("train") // global_batch
+    read = dataclasses.replace(config.load, image_size=size, label_mode=label_mode)
+    augment_on = _augment_on(config, strategy)
+    train = _train_split(manifest, config, strategy, read, augment_on)
+    steps = info_of(train).steps
     if steps == 0:
         raise ChuteError(
             f"The train split ({manifest.num_examples('train')} images) is smaller than one "
             f"global batch ({global_batch}); lower `batch_size`"
         )
-    val_ds = None
-    evaluation = {"training": False, "crop_fraction": crop_fraction, **common}
-    if manifest.num_examples("val") == 0:
-        pass
-    elif per_host and strategy.chute_kind != "multiworker":
-        # Keras's fit on several hosts: each validates its own share, padded to the
-        # largest share's batches (weight 0 on the padding), repeated for every epoch.
-        per_pipeline = global_batch // hosts
-        val_steps = max(-(-n // per_pipeline) for n in pipeline_sizes(manifest, "val", hosts))
+    val, val_steps = _val_split(manifest, config, strategy, read, crop_fraction)
+    val_padded = 1.0
+    if val_steps is not None:  # Keras counts the padding among the examples it averages
         val_padded = val_steps * global_batch / manifest.num_examples("val")
-        val_ds = load(
+    return _Inputs(
+        train,
+        val,
+        steps,
+        global_batch,
+        "val_accuracy" if val is not None else "accuracy",
+        (*size, manifest.image.channels),
+        crop_fraction,
+        augment_on,
+        repeated=info_of(train).options.repeat,
+        val_steps=val_steps,
+        val_padded=val_padded,
+    )
+
+
+def _augment_on(config: TrainConfig, strategy: Any) -> str:
+    """Where the heavy augmentations run: ``"device"`` on an accelerator and through the
+    tf.data service (its workers run graphs only), else ``"host"``; unless asked."""
+    if config.augment_on != "auto":
+        return config.augment_on
+    accelerator = strategy.chute_kind in ("tpu", "gpu", "multi-gpu")
+    return "device" if accelerator or config.data_service else "host"
+
+
+def _train_split(
+    manifest: manifest_lib.Manifest,
+    config: TrainConfig,
+    strategy: Any,
+    read: LoadOptions,
+    augment_on: str,
+) -> Any:
+    """The training data, in one of three ways.
+
+    Per host: each host reads its own shards at its replicas' batch
+    (``distribute_datasets_from_function``), repeated; an epoch is the smallest
+    host's share (the reader's steps). Through the tf.data service: repeated,
+    each repetition a job of an epoch's batches (a job cut short by a lost
+    worker ends sooner). Otherwise one pipeline of global batches, one epoch a pass.
+    """
+    training = {
+        "augment": list(config.augment),
+        "augment_on": augment_on,
+        "data_service": config.data_service,
+        "seed": config.seed,
+    }
+    if _per_host(strategy):
+        return load(
+            manifest,
+            "train",
+            read,
+            batch_size=config.batch_size,
+            strategy=strategy,
+            repeat=True,
+            **training,
+        )
+    global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
+    repeat = config.data_service is not None
+    return load(manifest, "train", read, batch_size=global_batch, repeat=repeat, **training)
+
+
+def _val_split(
+    manifest: manifest_lib.Manifest,
+    config: TrainConfig,
+    strategy: Any,
+    read: LoadOptions,
+    crop_fraction: float,
+) -> tuple[Any | None, int | None]:
+    """The validation data (None without a val split), and its steps when Keras must be
+    told them.
+
+    Keras's fit on several hosts: each host validates its own share, padded to the
+    largest share's batches (weight 0 on the padding), repeated for every epoch.
+    Otherwise one pipeline; chute's multi-worker loop validates the whole split on
+    each worker.
+    """
+    if manifest.num_examples("val") == 0:
+        return None, None
+    evaluation = {"training": False, "crop_fraction": crop_fraction}
+    if _per_host(strategy) and strategy.chute_kind != "multiworker":
+        val = load(
             manifest,
             "val",
+            read,
             batch_size=config.batch_size,
             strategy=strategy,
             pad_final_batch=True,
             repeat=True,
             **evaluation,
         )
-    else:  # one pipeline; chute's multi-worker loop validates the whole split on each worker
-        val_ds = load(manifest, "val", batch_size=global_batch, **evaluation)
-    monitor = "val_accuracy" if val_ds is not None else "accuracy"
-    shape = (*size, manifest.image.channels)
-    return _Inputs(
-        train_ds,
-        val_ds,
-        steps,
-        global_batch,
-        monitor,
-        shape,
-        crop_fraction,
-        augment_on,
-        repeated=per_host or config.data_service is not None,
-        val_steps=val_steps,
-        val_padded=val_padded,
-    )
+        return val, info_of(val).steps
+    global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
+    return load(manifest, "val", read, batch_size=global_batch, **evaluation), None
 
 
 def _per_host(strategy: Any) -> bool:
@@ -469,7 +488,7 @@ def _result(run, bundle, inputs: _Inputs, history, seconds, strategy, precision)
 
 def _write_reports(run, result: TrainResult, config: TrainConfig, history, manifest) -> None:
     """``config.json`` (the effective config), ``history.json``, ``summary.json``, curves."""
-    from chute.tools.report import draw_curves
+    from chute.fit.plots import draw_curves
 
     effective = {
         "strategy": result.strategy,

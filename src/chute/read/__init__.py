@@ -1,2 +1,2 @@
-"""The read stage: ``chute.load`` (``plan`` -> ``graph`` of ``shards``, ``batches`` and
-``augment``) and the ``image_dataset_from_directory`` drop-in."""
+"""The read stage: ``chute.load`` (``options`` -> ``plan`` -> ``pipeline`` of ``shards``,
+``batches`` and ``augment``) and the ``image_dataset_from_directory`` drop-in."""

@@ -1,18 +1,11 @@
 """``chute.load``: a converted split as a ``tf.data.Dataset`` that outruns the accelerator.
 
-``load`` checks its arguments into a :class:`~chute.read.plan.ReadPlan`, builds
-the pipeline of :mod:`chute.read.graph` from it, and tells the dataset its
-real size. In order (the reasons are in :func:`chute.read.graph.build`): shard
-order reshuffled every epoch, parallel interleave of shards read and checked
-in blocks, PNG/JPEG decoded per image on every core, cache, shuffle windows
-cut into full batches (training) or every example once (evaluation),
-augmentation and labels, prefetch.
-
-Training batches drop the remainder (static shapes for TPU/XLA); evaluation
-(``training=False``) sees every example exactly once: in order, no shuffle,
-with a final smaller batch, or, with ``pad_final_batch=True``, a full batch
-padded with zeros and a third element of per-example weights (1 real, 0 pad)
-that Keras's ``evaluate`` uses as ``sample_weight``.
+``load`` resolves its :class:`~chute.read.options.LoadOptions` against the
+manifest into a :class:`~chute.read.plan.ReadPlan` (no side effect), reserves
+the in-memory cache of ``cache="auto"`` from the process's :data:`CACHE_BUDGET`,
+builds the pipeline of :mod:`chute.read.pipeline`, and attaches what it knows
+as one :class:`LoadInfo` (``ds.chute``). The reservation is given back when the
+dataset is gone. The README's *chute.load* tells the whole story.
 """
 
 from __future__ import annotations
@@ -20,26 +13,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
-from chute import checks
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.lazy import tf
+from chute.machine import memory_limit
 from chute.read import service
-from chute.read.augment import PLACES, DeviceAugmentation, parse_augment
-from chute.read.graph import build, options
+from chute.read.augment import DeviceAugmentation
 from chute.read.host_augment import NAMES as HOST
 from chute.read.host_augment import HostAugmentation
-from chute.read.plan import (
-    DEFAULT_CROP_RATIO,
-    DEFAULT_CROP_SCALE,
-    ReadPlan,
-    make_plan,
-    release_cache,
-)
+from chute.read.options import LoadOptions, resolve
+from chute.read.pipeline import build, dataset_options
+from chute.read.plan import ReadPlan, make_plan
 
 log = logging.getLogger(__name__)
 
@@ -47,29 +37,123 @@ log = logging.getLogger(__name__)
 _COUNTED = {"corrupt": 1, "started": 1, "decoded": -1}
 
 
+class CacheBudget:
+    """What ``cache="auto"`` may keep in memory, shared by every dataset of the process:
+    a quarter of the memory the process may use (the container's limit, if lower than
+    physical memory). A dataset reserves its split's size when it is built and gives it
+    back when it is deleted.
+
+    Example:
+        >>> budget = CacheBudget(100)
+        >>> budget.reserve(60), budget.reserve(60), budget.left
+        (True, False, 40)
+    """
+
+    def __init__(self, total: int | None = None):
+        if total is None:
+            memory = memory_limit()
+            total = memory // 4 if memory else 2 << 30
+        self.total = total
+        self.used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def left(self) -> int:
+        """Bytes not reserved."""
+        with self._lock:
+            return max(0, self.total - self.used)
+
+    def reserve(self, size: int) -> bool:
+        """Takes ``size`` bytes if they fit in what is left."""
+        with self._lock:
+            if self.used + size > self.total:
+                return False
+            self.used += size
+            return True
+
+    def release(self, size: int) -> None:
+        """Gives ``size`` bytes back."""
+        with self._lock:
+            self.used = max(0, self.used - size)
+
+
+CACHE_BUDGET = CacheBudget()
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadInfo:
+    """What ``chute.load`` knows about a dataset it returned: ``ds.chute`` (or :func:`info_of`).
+
+    Attributes:
+        class_names: the class names, in label order.
+        num_examples: examples this input pipeline reads in an epoch (a distributed
+            dataset: the split's).
+        steps: batches in an epoch, what ``len(ds)`` says (unless ``skip_corrupt``
+            or ``repeat``); the same for every input pipeline in training and in
+            padded evaluation (see :attr:`chute.read.plan.ReadPlan.steps`). A
+            distributed dataset counts global batches.
+        per_replica_batch_size: ``batch_size``.
+        global_batch_size: ``batch_size`` times the replicas in sync.
+        training: read for training (shuffled, augmented, full batches).
+        device_augmentation: with ``augment_on="device"``, the heavy
+            augmentations left to the train step
+            (:class:`~chute.read.augment.DeviceAugmentation`, called on a batch), else None.
+        cached_in: ``"memory"``, the cache files' name, or None.
+        options: the options read with.
+        counters: ``skip_corrupt``'s counters of each input pipeline (see :meth:`corrupt_count`).
+    """
+
+    class_names: tuple[str, ...]
+    num_examples: int
+    steps: int
+    per_replica_batch_size: int
+    global_batch_size: int
+    training: bool
+    device_augmentation: DeviceAugmentation | None
+    cached_in: str | None
+    options: LoadOptions
+    counters: tuple[Mapping[str, Any], ...] = dataclasses.field(
+        default=(), repr=False, compare=False
+    )
+
+    def corrupt_count(self) -> int:
+        """What ``skip_corrupt`` skipped in the latest epoch (exact once it is over; it
+        starts again at each new iterator): records of damaged or missing shards, and
+        images that do not decode. 0 without ``skip_corrupt``."""
+        return int(
+            sum(
+                counters[name].numpy() * sign
+                for counters in self.counters
+                for name, sign in _COUNTED.items()
+                if name in counters
+            )
+        )
+
+
+def info_of(dataset: Any) -> LoadInfo:
+    """The :class:`LoadInfo` of a dataset ``chute.load`` returned (``dataset.chute``).
+
+    Raises:
+        ChuteError: ``dataset`` did not come from ``chute.load`` (``ds.map(...)`` of
+            one is a new dataset, without it).
+    """
+    info = getattr(dataset, "chute", None)
+    if not isinstance(info, LoadInfo):
+        raise ChuteError(
+            f"{type(dataset).__name__} was not returned by chute.load (a transformation "
+            "such as ds.map() returns a new dataset): take its info before transforming it"
+        )
+    return info
+
+
 def load(
     path: str | os.PathLike | manifest_lib.Manifest,
     split: str = "train",
+    options: LoadOptions | Mapping[str, Any] | None = None,
     *,
-    batch_size: int = 128,
-    training: bool | None = None,
-    image_size: Any = None,
-    dtype: str = "uint8",
-    label_mode: str | None = "int",
-    augment: list | tuple | None = None,
-    augment_on: str = "host",
-    crop_scale: tuple[float, float] = DEFAULT_CROP_SCALE,
-    crop_ratio: tuple[float, float] = DEFAULT_CROP_RATIO,
-    crop_fraction: float | None = None,
-    cache: str | None = "auto",
-    seed: int | None = None,
-    shuffle_buffer: int = 8192,
-    pad_final_batch: bool = False,
-    repeat: bool = False,
-    skip_corrupt: bool = False,
     input_context: Any = None,
     strategy: Any = None,
-    data_service: str | None = None,
+    **overrides: Any,
 ):
     """Reads a converted split as batches of ``(images, labels)`` with static shapes.
 
@@ -77,81 +161,26 @@ def load(
         path: a directory written by ``chute convert`` (local, ``gs://``,
             ``ram://``), its ``manifest.json``, or the ``Manifest`` read from it.
         split: ``"train"``, ``"val"`` or ``"test"``.
-        batch_size: examples per batch **per replica**; the global batch is
-            ``batch_size * replicas`` (see ``input_context`` and ``strategy``).
-        training: shuffle, drop the remainder and augment; default: ``split == "train"``.
-        image_size: ``(height, width)`` of the images yielded; default: as
-            stored (needed for images stored at their own sizes).
-        dtype: ``"uint8"`` (0-255, the default: models rescale inside), or
-            ``"float32"``/``"bfloat16"`` scaled to [0, 1].
-        label_mode: ``"int"``, ``"categorical"`` (one-hot), ``"binary"`` (two
-            classes, float 0/1) or ``None`` (images only), as in Keras.
-        augment: training only: ``"crop"`` (an Inception-style random-resized
-            crop, fused with decoding) and ``"flip"`` (left-right, per image), and
-            the heavier ``"rotation"``, ``"zoom"``, ``"translation"``,
-            ``"contrast"``, ``"brightness"``, ``"randaugment"``, ``"mixup"``,
-            ``"cutmix"`` (needs ``label_mode="categorical"``) or Keras layers
-            (see :mod:`chute.read.augment`).
-        augment_on: where the heavy augmentations run: ``"host"`` (per batch in
-            this pipeline) or ``"device"`` (left to the model's train step: the
-            dataset's ``device_augmentation`` applies them to a batch, as
-            ``chute train`` does on an accelerator).
-        crop_scale: ``(min, max)`` share of an image's area that a random crop covers.
-        crop_ratio: ``(min, max)`` aspect ratio (width / height) of a random crop.
-        crop_fraction: evaluation: the centred window of ``image_size``'s
-            aspect ratio over this share of the shorter side, resized to
-            ``image_size`` (``chute.predict`` does the same). Default: 0.875 for
-            images stored at their aspect ratio (``convert --shorter-side`` or
-            ``--keep-size``), 1 (the whole image) for a fixed stored size.
-        cache: ``"auto"`` (keep decoded images, or for cropped images their
-            records, in RAM when the split fits what is left of the process's
-            cache budget: a quarter of the memory it may use, the container's
-            limit if lower, shared by every dataset alive), ``"memory"``,
-            ``"disk:FOLDER"`` (files named by split, dataset version and input
-            pipeline, so they never mix) or ``None``.
-        seed: makes shuffling, interleave order and augmentation reproducible
-            for any number of cores (crops and flips are keyed per image; with a
-            seed, heavy augmentation on the host runs one batch at a time).
-        shuffle_buffer: records mixed together (training): batches are drawn
-            from windows of this many records read from several shards, at
-            most 128 MB of pixels each (about four windows are held at once).
-        pad_final_batch: evaluation only: pad the last batch to full size and
-            yield ``(images, labels, weights)`` with weight 0 on the padding.
-        repeat: repeat forever, each pass one epoch as without it (a new
-            order each pass in training); ``len()`` is then infinite.
-        skip_corrupt: instead of raising, skip what is damaged and count it in
-            ``ds.corrupt_count()`` (what the latest epoch skipped, exact once it
-            is over: it starts again at each new iterator): a missing shard,
-            the rest of a shard after a record that fails its CRC or is
-            truncated, images of the wrong length or that do not decode. A
-            record with a valid CRC that is not a ``tf.train.Example`` still
-            raises. ``len(ds)`` is then unknown. Input pipelines that share
-            records (fewer shards than pipelines) each count every shard's.
+        options: a :class:`~chute.read.options.LoadOptions` (or a mapping of its
+            fields); default: every default.
         input_context: a ``tf.distribute.InputContext``: read this input
             pipeline's part (by shard when there are enough shards, else by record).
         strategy: a ``tf.distribute.Strategy``: return
             ``strategy.distribute_datasets_from_function`` over this function.
-        data_service: a ``tf.data`` service dispatcher, ``grpc://HOST:PORT``
-            (see :mod:`chute.read.service`): in training, its workers run this
-            pipeline with dynamic sharding and this process receives the
-            batches. Each example at most once per epoch (a worker that dies
-            loses the rest of its shard for that epoch), and all but the last
-            partial batch when none dies; a new order every epoch (``seed``
-            cannot fix it), no ``cache``, no ``skip_corrupt``, heavy
-            augmentations on the device. Input pipelines of several hosts share
-            one job. Evaluation reads here, exactly once.
+        **overrides: ``LoadOptions`` fields replacing those of ``options``
+            (``batch_size=256``, ``augment="crop,flip"``, ``cache=None``, ...).
 
     Returns:
-        A ``tf.data.Dataset`` with ``class_names``, ``num_examples``,
-        ``per_replica_batch_size``, ``global_batch_size``, ``corrupt_count()``,
-        ``cached_in`` (``"memory"``, the cache files' name, or None) and
-        ``device_augmentation`` (None unless ``augment_on="device"``);
+        A ``tf.data.Dataset`` (or distributed dataset) of ``(images, labels)``
+        (``(images, labels, weights)`` with ``pad_final_batch``; images alone
+        with ``label_mode=None``), with its :class:`LoadInfo` as ``ds.chute``.
         ``len(ds)`` is the exact number of batches of an epoch (unless
         ``skip_corrupt`` or ``repeat``).
 
     Raises:
-        ChuteError: for a bad argument, a path that is not a chute dataset, or
-            a shard that exists but cannot be read (unless ``skip_corrupt``).
+        ChuteError: a bad option (named), an unknown one, a path that is not a
+            chute dataset, or a shard that exists but cannot be read (unless
+            ``skip_corrupt``).
         tf.errors.InvalidArgumentError: while iterating, naming the shard, when
             a shard is corrupt, truncated or missing, or an image does not
             match the manifest (unless ``skip_corrupt``).
@@ -159,60 +188,53 @@ def load(
     Example:
         >>> train = chute.load("./kn-shards", "train", batch_size=256)  # doctest: +SKIP
         >>> model.fit(train, validation_data=chute.load("./kn-shards", "val"))  # doctest: +SKIP
+        >>> train.chute.steps, train.chute.global_batch_size  # doctest: +SKIP
+        (101, 256)
     """
-    if strategy is not None:
-        return _distributed(path, split, strategy, locals())
+    options = resolve(options, overrides)  # every value checked before any work
     manifest = manifest_lib.load(path)
-    spec = parse_augment(augment)  # checked in evaluation too
-    checks.one_of("augment_on", augment_on, PLACES)
-    if spec.mixing and label_mode != "categorical":
-        raise ChuteError(
-            "`augment` with 'mixup' or 'cutmix' mixes labels: it needs "
-            f"label_mode='categorical'. Received: label_mode={label_mode!r}"
-        )
-    plan = make_plan(
-        manifest,
-        split,
-        batch_size=batch_size,
-        training=training,
-        image_size=image_size,
-        dtype=dtype,
-        label_mode=label_mode,
-        cache=cache,
-        seed=seed,
-        shuffle_buffer=shuffle_buffer,
-        pad_final_batch=pad_final_batch,
-        repeat=repeat,
-        skip_corrupt=skip_corrupt,
-        input_context=input_context,
-        augment=spec,
-        crop_scale=crop_scale,
-        crop_ratio=crop_ratio,
-        crop_fraction=crop_fraction,
-        data_service=data_service,
-    )
+    if strategy is not None:
+        return _distributed(manifest, split, options, strategy)
+    plan = _reserved_plan(manifest, split, options, input_context)
     try:
-        dataset, device, counters = _dataset(plan, spec, augment_on, input_context)
+        dataset, device, counters = _dataset(plan, options, input_context)
     except BaseException:
-        release_cache(plan.cache_bytes)
+        CACHE_BUDGET.release(plan.cache_bytes)
         raise
     if plan.cache_bytes:  # the budget it took comes back with the dataset
-        weakref.finalize(dataset, release_cache, plan.cache_bytes)
-    dataset.class_names = list(manifest.class_names)
-    dataset.num_examples = plan.num_examples
-    dataset.per_replica_batch_size = plan.batch_size
-    dataset.global_batch_size = plan.batch_size * plan.replicas
-    dataset.device_augmentation = device
-    dataset.cached_in = "memory" if plan.cache == "" else plan.cache
-    dataset.corrupt_count = lambda: int(
-        sum(counters[name].numpy() * sign for name, sign in _COUNTED.items() if name in counters)
+        weakref.finalize(dataset, CACHE_BUDGET.release, plan.cache_bytes)
+    dataset.chute = LoadInfo(
+        class_names=tuple(manifest.class_names),
+        num_examples=plan.num_examples,
+        steps=plan.steps,
+        per_replica_batch_size=plan.batch_size,
+        global_batch_size=plan.batch_size * plan.replicas,
+        training=plan.training,
+        device_augmentation=device,
+        cached_in="memory" if plan.cache == "" else plan.cache,
+        options=options,
+        counters=(counters,) if counters else (),
     )
     return dataset
 
 
-def _dataset(plan: ReadPlan, spec, augment_on: str, input_context):
+def _reserved_plan(manifest, split: str, options: LoadOptions, input_context) -> ReadPlan:
+    """The plan, its in-memory cache (``cache="auto"``) reserved from the process's budget
+    (the caller gives it back), and a disk cache's folder made."""
+    plan = make_plan(
+        manifest, split, options, input_context=input_context, cache_room=CACHE_BUDGET.left
+    )
+    if plan.cache_bytes and not CACHE_BUDGET.reserve(plan.cache_bytes):
+        # another thread's dataset took the room meanwhile: read from the shards instead
+        plan = make_plan(manifest, split, options, input_context=input_context, cache_room=0)
+    if plan.cache:  # on disk: each split, dataset version and way of reading has its files
+        storage.makedirs(options.cache.removeprefix("disk:"))
+    return plan
+
+
+def _dataset(plan: ReadPlan, options: LoadOptions, input_context):
     """The pipeline of ``plan``: ``(dataset, augmentation left to the device, counters)``."""
-    device, keras_on_host, host = _augmentations(spec, plan, augment_on)
+    device, keras_on_host, host = _augmentations(options.augment_spec, plan, options.augment_on)
     plan, lost = _without_unreadable(plan)
     counters = _counters(lost) if plan.skip_corrupt else {}
     dataset = build(plan, counters=counters, augmentation=keras_on_host, host=host)
@@ -281,7 +303,7 @@ def _counted_per_epoch(dataset, counters: dict, lost: int):
             counter.assign(lost if name == "corrupt" else 0)
         return dataset
 
-    return tf.data.Dataset.range(1).flat_map(restart).with_options(options())
+    return tf.data.Dataset.range(1).flat_map(restart).with_options(dataset_options())
 
 
 def _counters(lost: int) -> dict:
@@ -329,16 +351,26 @@ def _through_service(dataset, plan: ReadPlan):
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def _distributed(path, split, strategy, arguments):
-    """``strategy.distribute_datasets_from_function`` over ``load``, one pipeline per worker."""
-    kwargs = {k: v for k, v in arguments.items() if k not in ("path", "split", "strategy")}
-    manifest = manifest_lib.load(path)  # read once, not once per input pipeline
+def _distributed(manifest, split: str, options: LoadOptions, strategy):
+    """``strategy.distribute_datasets_from_function`` over ``load``, one input pipeline per
+    worker, with the :class:`LoadInfo` of the whole: its steps are global batches."""
+    built: list[tuple[Any, LoadInfo]] = []
 
     def dataset_fn(input_context):
-        return load(manifest, split, **dict(kwargs, input_context=input_context))
+        dataset = load(manifest, split, options, input_context=input_context)
+        built.append((input_context, info_of(dataset)))
+        return dataset
 
     distributed = strategy.distribute_datasets_from_function(dataset_fn)
-    distributed.class_names = list(manifest.class_names)
-    distributed.per_replica_batch_size = kwargs["batch_size"]
-    distributed.global_batch_size = kwargs["batch_size"] * strategy.num_replicas_in_sync
+    # The strategies chute runs under build the local pipelines at once. A global batch
+    # takes a batch from each replica an input pipeline feeds.
+    context, first = built[0]
+    feeds = max(1, context.num_replicas_in_sync // context.num_input_pipelines)
+    steps = first.steps // feeds if first.training else -(-first.steps // feeds)
+    distributed.chute = dataclasses.replace(
+        first,
+        num_examples=manifest.num_examples(split),
+        steps=steps,
+        counters=tuple(counters for _, info in built for counters in info.counters),
+    )
     return distributed

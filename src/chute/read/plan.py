@@ -1,8 +1,8 @@
-"""What a ``chute.load`` call will read and how: its arguments checked and resolved into a
-:class:`ReadPlan`, before anything is built.
+"""What a ``chute.load`` call will read and how: its options resolved against the manifest
+into a :class:`ReadPlan`, before anything is built. Making a plan has no side effect.
 
 Example:
-    >>> plan = make_plan(manifest, "train", batch_size=128)  # doctest: +SKIP
+    >>> plan = make_plan(manifest, "train", LoadOptions(batch_size=128))  # doctest: +SKIP
     >>> plan.steps, plan.deterministic  # doctest: +SKIP
     (201, False)
 """
@@ -13,27 +13,20 @@ import dataclasses
 import hashlib
 import json
 import logging
-import threading
 from typing import Any
 
-from chute import checks
 from chute.errors import ChuteError
 from chute.format import storage
 from chute.format.manifest import Manifest
 from chute.format.spec import ImageSpec
-from chute.ingest.options import parse_image_size
-from chute.machine import available_cores, memory_limit
+from chute.machine import available_cores
 from chute.read import service
-from chute.read.augment import AugmentSpec
+from chute.read.options import LoadOptions
 
 log = logging.getLogger(__name__)
 
-LABEL_MODES = ("int", "categorical", "binary", None)
-DTYPES = ("uint8", "float32", "bfloat16")
 BLOCK = 256  # records read, checked and decoded together from one shard
 WINDOW_BYTES = 128 << 20  # the most one shuffle window holds (decoded pixels, or records)
-DEFAULT_CROP_SCALE = (0.08, 1.0)  # Inception-style random-resized crop: share of the area
-DEFAULT_CROP_RATIO = (3 / 4, 4 / 3)  # and aspect ratio (width / height) of the window
 DEFAULT_CROP_FRACTION = 0.875  # evaluation: centre crop of 224 from 256, the usual
 
 
@@ -52,7 +45,7 @@ class ReadPlan:
         every_nth: ``(pipelines, index)``: keep every n-th record, when there
             are fewer shards than input pipelines.
         per_image: each image is decoded (cropped, resized) on its own after the
-            shuffle (:mod:`chute.read.images`): images stored at other sizes,
+            shuffle (:mod:`chute.image.tf_ops`): images stored at other sizes,
             random-resized crops, a centre crop, or PNG/JPEG images not cached
             decoded. Otherwise blocks of decoded pixels are cached and shuffled.
         cache: ``tf.data`` cache file name (``""`` in memory), or None; with
@@ -84,7 +77,7 @@ class ReadPlan:
     every_nth: tuple[int, int] | None
     cores: int
     cache: str | None
-    cache_bytes: int  # reserved from the process's cache budget (cache="auto")
+    cache_bytes: int  # for cache="auto": what the caller reserves from the process's budget
     batch_size: int
     replicas: int
     seed: int | None
@@ -122,66 +115,55 @@ class ReadPlan:
 def make_plan(
     manifest: Manifest,
     split: str,
+    options: LoadOptions,
     *,
-    batch_size: int,
-    training: bool | None,
-    image_size: Any,
-    dtype: str,
-    label_mode: str | None,
-    cache: str | None,
-    seed: int | None,
-    shuffle_buffer: int,
-    pad_final_batch: bool,
-    repeat: bool,
-    skip_corrupt: bool,
-    input_context: Any,
-    augment: AugmentSpec,
-    crop_scale: Any = DEFAULT_CROP_SCALE,
-    crop_ratio: Any = DEFAULT_CROP_RATIO,
-    crop_fraction: float | None = None,
-    data_service: str | None = None,
+    input_context: Any = None,
+    cache_room: int = 0,
 ) -> ReadPlan:
-    """Checks ``chute.load``'s arguments against the manifest and resolves them (see there)."""
+    """What ``chute.load(manifest, split, options)`` reads, and how, in one input pipeline.
+
+    Reserves and creates nothing: the caller reserves ``cache_bytes`` from the
+    process's cache budget and makes a disk cache's folder.
+
+    Args:
+        manifest: the dataset.
+        split: ``"train"``, ``"val"`` or ``"test"``.
+        options: checked :class:`~chute.read.options.LoadOptions`.
+        input_context: a ``tf.distribute.InputContext``, or None for the only pipeline.
+        cache_room: bytes that ``cache="auto"`` may still keep in memory.
+
+    Raises:
+        ChuteError: what the options ask cannot be read from this dataset.
+    """
     manifest.check_split(split)
-    training = (split == "train") if training is None else bool(training)
-    checks.positive_int("batch_size", batch_size, "a positive integer (per replica)")
-    checks.one_of("dtype", dtype, DTYPES)
-    checks.one_of("label_mode", label_mode, LABEL_MODES)
-    if label_mode == "binary" and manifest.num_classes != 2:
-        raise ChuteError(
-            "`label_mode='binary'` needs exactly 2 classes. Received: "
-            f"{manifest.num_classes} classes in {manifest.location}"
-        )
-    checks.positive_int("shuffle_buffer", shuffle_buffer)
-    if seed is not None and not checks.is_int(seed):
-        raise checks.bad_value("seed", seed, "an integer or None")
+    training = (split == "train") if options.training is None else options.training
+    _check_against(manifest, split, options, training)
+    seed, cache, data_service = options.seed, options.cache, options.data_service
     if data_service is not None:
-        data_service = service.check_address("data_service", data_service)
         if training:
-            seed, cache = _through_service(seed, cache, skip_corrupt)
+            seed, cache = _through_service(seed, cache, options.skip_corrupt)
         else:
             data_service = None  # evaluation reads here: every example exactly once
-    _check_padding(pad_final_batch, training, label_mode)
     stored = manifest.image
-    size = parse_image_size(image_size) or stored.size
+    size = options.image_size or stored.size
     if size is None:
         raise ChuteError(
             f"{manifest.location} stores images at their own sizes; pass image_size=(H, W). "
             "Received: image_size=None"
         )
     shape = (*size, stored.channels)
-    crop_fraction, random_crop = _crops(
-        stored, crop_fraction, training and augment.crop, crop_scale, crop_ratio
-    )
-    pipelines, index, replicas = 1, 0, 1
-    if input_context is not None:
-        pipelines = input_context.num_input_pipelines
-        index = input_context.input_pipeline_id
-        replicas = input_context.num_replicas_in_sync
+    augment = options.augment_spec
+    crop_fraction, random_crop = _crops(stored, options, training and augment.crop)
+    pipelines, index, replicas = _pipeline(input_context)
     cropped = random_crop is not None or stored.size != size or crop_fraction < 1
     namespace = _namespace(manifest, split, (pipelines, index), cropped, shape)
     cache, cache_bytes = _cache_target(
-        cache, manifest, split, encoded=cropped or not stored.fixed_size, namespace=namespace
+        cache,
+        manifest,
+        split,
+        encoded=cropped or not stored.fixed_size,
+        namespace=namespace,
+        room=cache_room,
     )
     # PNG/JPEG not kept decoded: decoded one by one after the shuffle, streaming
     per_image = cropped or (stored.encoding != "raw" and cache is None)
@@ -191,14 +173,9 @@ def make_plan(
 
     files, counts, sizes, every_nth = _share(manifest, split, pipelines, index, data_service)
     num_examples = sizes[index]
-    if training:  # every pipeline runs the smallest's steps: no host waits for another
-        steps = min(size // batch_size for size in sizes)
-    elif pad_final_batch:  # every pipeline runs the largest's, padding what it lacks
-        steps = max(-(-size // batch_size) for size in sizes)
-    else:
-        steps = -(-num_examples // batch_size)
     if num_examples == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
+    batch_size = options.batch_size
     return ReadPlan(
         files=tuple(files),
         counts=tuple(counts),
@@ -217,46 +194,65 @@ def make_plan(
         batch_size=batch_size,
         replicas=replicas,
         seed=None if seed is None else int(seed),
-        dtype=dtype,
-        label_mode=label_mode,
+        dtype=options.dtype,
+        label_mode=options.label_mode,
         per_image=per_image,
         random_crop=random_crop,
         flip=per_image and training and augment.flip,
         crop_fraction=crop_fraction if not training else 1.0,
-        window=_window(shuffle_buffer, batch_size, manifest, split, shape, per_image)
+        window=_window(options.shuffle_buffer, batch_size, manifest, split, shape, per_image)
         if training
         else None,
-        shuffle_buffer=shuffle_buffer,
-        repeat=repeat,
-        pad_final_batch=pad_final_batch,
-        skip_corrupt=skip_corrupt,
-        steps=steps,
+        shuffle_buffer=options.shuffle_buffer,
+        repeat=options.repeat,
+        pad_final_batch=options.pad_final_batch,
+        skip_corrupt=options.skip_corrupt,
+        steps=_steps(sizes, num_examples, batch_size, training, options.pad_final_batch),
         data_service=data_service,
         job_name=service.job_name(namespace, pipelines) if data_service else None,
     )
 
 
-def _check_padding(pad_final_batch: bool, training: bool, label_mode) -> None:
-    if pad_final_batch and training:
-        raise ChuteError("`pad_final_batch` applies to evaluation (training=False) only")
-    if pad_final_batch and label_mode is None:
+def _check_against(manifest: Manifest, split: str, options: LoadOptions, training: bool) -> None:
+    """What the options ask that this dataset, or this split, cannot give."""
+    if options.label_mode == "binary" and manifest.num_classes != 2:
         raise ChuteError(
-            "`pad_final_batch` yields (images, labels, weights): it needs labels. "
-            "Received: label_mode=None"
+            "`label_mode='binary'` needs exactly 2 classes. Received: "
+            f"{manifest.num_classes} classes in {manifest.location}"
+        )
+    if options.pad_final_batch and training:
+        raise ChuteError(
+            "`pad_final_batch` applies to evaluation (training=False) only; split "
+            f"{split!r} is read for training unless training=False"
         )
 
 
-def _crops(stored: ImageSpec, crop_fraction, random: bool, crop_scale, crop_ratio) -> tuple:
+def _pipeline(input_context: Any) -> tuple[int, int, int]:
+    """``(input pipelines, this one's index, replicas in sync)``."""
+    if input_context is None:
+        return 1, 0, 1
+    return (
+        input_context.num_input_pipelines,
+        input_context.input_pipeline_id,
+        input_context.num_replicas_in_sync,
+    )
+
+
+def _steps(sizes: list[int], examples: int, batch_size: int, training: bool, pad: bool) -> int:
+    """Batches in an epoch, the same for every input pipeline (see ``ReadPlan.steps``)."""
+    if training:  # every pipeline runs the smallest's steps: no host waits for another
+        return min(size // batch_size for size in sizes)
+    if pad:  # every pipeline runs the largest's, padding what it lacks
+        return max(-(-size // batch_size) for size in sizes)
+    return -(-examples // batch_size)
+
+
+def _crops(stored: ImageSpec, options: LoadOptions, random: bool) -> tuple:
     """``(evaluation's centre-crop fraction, training's random-crop ranges or None)``."""
+    crop_fraction = options.crop_fraction
     if crop_fraction is None:
         crop_fraction = default_crop_fraction(stored)
-    crop_fraction = checks.number_in("crop_fraction", crop_fraction, 0.0, 1.0)
-    if crop_fraction == 0:
-        raise checks.bad_value("crop_fraction", crop_fraction, "a number in (0, 1]")
-    if not random:
-        return crop_fraction, None
-    scale = _range("crop_scale", crop_scale, 0.0, 1.0)
-    return crop_fraction, (scale, _range("crop_ratio", crop_ratio, 0.0, 100.0))
+    return crop_fraction, (options.crop_scale, options.crop_ratio) if random else None
 
 
 def _share(manifest: Manifest, split: str, pipelines: int, index: int, data_service) -> tuple:
@@ -329,48 +325,6 @@ def pipeline_sizes(manifest: Manifest, split: str, pipelines: int) -> list[int]:
     return [len(range(i, sum(counts), pipelines)) for i in range(pipelines)]
 
 
-class CacheBudget:
-    """What ``cache="auto"`` may keep in memory, shared by every dataset of the process:
-    a quarter of the memory the process may use (the container's limit, if lower than
-    physical memory). A dataset reserves its split's size when it is built and gives it
-    back when it is deleted.
-
-    Example:
-        >>> budget = CacheBudget(100)
-        >>> budget.reserve(60), budget.reserve(60)
-        (True, False)
-    """
-
-    def __init__(self, total: int | None = None):
-        if total is None:
-            memory = memory_limit()
-            total = memory // 4 if memory else 2 << 30
-        self.total = total
-        self.used = 0
-        self._lock = threading.Lock()
-
-    def reserve(self, size: int) -> bool:
-        """Takes ``size`` bytes if they fit in what is left."""
-        with self._lock:
-            if self.used + size > self.total:
-                return False
-            self.used += size
-            return True
-
-    def release(self, size: int) -> None:
-        """Gives ``size`` bytes back."""
-        with self._lock:
-            self.used = max(0, self.used - size)
-
-
-CACHE_BUDGET = CacheBudget()
-
-
-def release_cache(size: int) -> None:
-    """Gives back to the process's cache budget what a dataset reserved (``cache_bytes``)."""
-    CACHE_BUDGET.release(size)
-
-
 def _cache_target(
     cache: str | None,
     manifest: Manifest,
@@ -378,34 +332,30 @@ def _cache_target(
     *,
     encoded: bool,
     namespace: str,
+    room: int,
 ) -> tuple[str | None, int]:
-    """``(tf.data cache file name or "" for memory or None, bytes reserved)``."""
+    """``(tf.data cache file name or "" for memory or None, bytes to reserve)``."""
     if cache is None:
         return None, 0
     if cache == "memory":
         return "", 0
-    if isinstance(cache, str) and cache.startswith("disk:") and len(cache) > 5:
+    if cache.startswith("disk:"):
         # a folder; each split, dataset version and way of reading has its own files
-        folder = cache[5:]
-        storage.makedirs(folder)
-        return storage.join(folder, namespace), 0
-    if cache != "auto":
-        raise checks.bad_value("cache", cache, "'auto', 'memory', 'disk:FOLDER' or None")
+        return storage.join(cache[5:], namespace), 0
     spec = manifest.image
     if encoded:  # images decoded anew each epoch (crops): the records are what is kept
         size, what = sum(s["bytes"] for s in manifest.splits[split]["shards"]), "is"
     else:
         size = manifest.num_examples(split) * spec.height * spec.width * spec.channels
         what = "decodes to"
-    fits = CACHE_BUDGET.reserve(size)
+    fits = size <= room
     log.info(
-        "cache=auto: %s split %s %.0f MB: %s (%.0f of %.0f MB of the budget in use)",
+        "cache=auto: %s split %s %.0f MB: %s (%.0f MB of the budget left)",
         split,
         what,
         size / 1e6,
         "kept in memory" if fits else "read from the shards each epoch",
-        CACHE_BUDGET.used / 1e6,
-        CACHE_BUDGET.total / 1e6,
+        room / 1e6,
     )
     return ("", size) if fits else (None, 0)
 
@@ -429,14 +379,3 @@ def _window(
     if window < shuffle_buffer:
         log.info("shuffle window: %d records (%d MB)", window, WINDOW_BYTES >> 20)
     return batch_size * max(1, window // batch_size)
-
-
-def _range(name: str, value: Any, low: float, high: float) -> tuple[float, float]:
-    """A ``(min, max)`` pair of numbers with ``low < min <= max <= high``."""
-    allowed = f"a (min, max) pair with {low:g} < min <= max <= {high:g}"
-    if not isinstance(value, list | tuple) or len(value) != 2:
-        raise checks.bad_value(name, value, allowed)
-    first, second = (checks.number_in(name, v, low, high, what=allowed) for v in value)
-    if first <= low or first > second:
-        raise checks.bad_value(name, value, allowed)
-    return first, second

@@ -1,0 +1,236 @@
+"""The options of ``chute.load``: one frozen, validated dataclass.
+
+Every value is checked when the object is built, before the dataset is opened,
+and a bad one raises :class:`~chute.errors.ChuteError` naming the option, the
+value received and what is allowed. The defaults and help of ``chute.load``'s
+keywords, of a training config's ``[load]`` table and of ``chute train``'s
+reading flags are written here only. What depends on the dataset (two classes
+for ``label_mode="binary"``, an ``image_size`` for images stored at their own
+sizes, the split's default ``training``) is checked by
+:func:`chute.read.plan.make_plan`.
+
+Example:
+    >>> options = LoadOptions(batch_size=64, augment="crop,flip", seed=1)
+    >>> options.augment, options.training
+    (('crop', 'flip'), None)
+    >>> resolve(options, {"cache": "none"}).cache is None
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from chute import checks
+from chute.errors import ChuteError
+from chute.image.size import parse_image_size
+from chute.read import service
+from chute.read.augment import PLACES, AugmentSpec, parse_augment
+from chute.settings import from_mapping, option
+
+LABEL_MODES = ("int", "categorical", "binary", None)
+DTYPES = ("uint8", "float32", "bfloat16")
+DEFAULT_CROP_SCALE = (0.08, 1.0)  # Inception-style random-resized crop: share of the area
+DEFAULT_CROP_RATIO = (3 / 4, 4 / 3)  # and aspect ratio (width / height) of the window
+CACHE_ALLOWED = "'auto', 'memory', 'disk:FOLDER' or None"
+
+
+def _names(value: Any) -> Any:
+    """``"crop,flip"`` (a flag or a TOML string) or a list (names, Keras layers), as a tuple."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(name.strip() for name in value.split(",") if name.strip())
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
+def _pair(text: str) -> tuple[float, ...]:
+    """A flag's ``"0.08,1"`` as ``(0.08, 1.0)`` (the pair is checked by :class:`LoadOptions`)."""
+    return tuple(float(part) for part in text.split(","))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadOptions:
+    """How ``chute.load`` reads a split (see the README's *chute.load* for the whole story).
+
+    Attributes:
+        batch_size: examples per batch **per replica**; the global batch is
+            ``batch_size * replicas``.
+        training: shuffle, drop the remainder and augment; ``None``: ``split == "train"``.
+        image_size: ``(height, width)`` of the images yielded (``75`` and
+            ``"75x100"`` too); ``None``: as stored.
+        dtype: ``"uint8"`` (0-255), or ``"float32"``/``"bfloat16"`` scaled to [0, 1].
+        label_mode: ``"int"``, ``"categorical"`` (one-hot), ``"binary"`` (two
+            classes, float 0/1) or ``None`` (images only), as in Keras.
+        augment: training only: names (``"crop"``, ``"flip"``, ``"rotation"``,
+            ``"zoom"``, ``"translation"``, ``"contrast"``, ``"brightness"``,
+            ``"randaugment"``, ``"mixup"``, ``"cutmix"``; a list or ``"crop,flip"``)
+            or Keras layers (see :mod:`chute.read.augment`).
+        augment_on: ``"host"`` (heavy augmentations in the pipeline) or
+            ``"device"`` (left to the train step: the dataset's
+            ``device_augmentation``).
+        crop_scale: ``(min, max)`` share of an image's area a random crop covers.
+        crop_ratio: ``(min, max)`` aspect ratio (width / height) of a random crop.
+        crop_fraction: evaluation's centre crop, a share of the shorter side in
+            (0, 1]; ``None``: 0.875 for images stored at their aspect ratio, 1 otherwise.
+        cache: ``"auto"`` (in RAM when the split fits what is left of the
+            process's budget), ``"memory"``, ``"disk:FOLDER"`` or ``None``
+            (``"none"`` in a TOML file or a flag).
+        seed: makes order and augmentation reproducible; ``None``: new each run.
+        shuffle_buffer: records mixed together in training (at most 128 MB of them).
+        pad_final_batch: evaluation: a full last batch and a weights element (0 on padding).
+        repeat: repeat forever, each pass one epoch.
+        skip_corrupt: skip and count damaged shards and images instead of raising.
+        data_service: a ``tf.data`` service dispatcher ``grpc://HOST:PORT``
+            whose workers run the training pipeline.
+
+    Example:
+        >>> LoadOptions(image_size="224", augment=["crop", "flip"]).image_size
+        (224, 224)
+    """
+
+    batch_size: int = option(128, "examples per batch per replica")
+    training: bool | None = option(
+        None, "shuffle, drop the remainder, augment (default: split == 'train')", flag=False
+    )
+    image_size: tuple[int, int] | None = option(
+        None, "images yielded at H x W (default: as stored)", type=str, metavar="H[xW]"
+    )
+    dtype: str = option("uint8", "uint8, or float32/bfloat16 scaled to [0, 1]", choices=DTYPES)
+    label_mode: str | None = option(
+        "int", "labels as in Keras (None: images only)", choices=LABEL_MODES[:-1]
+    )
+    augment: tuple = option(
+        (),
+        "comma-separated: crop,flip,rotation,zoom,translation,contrast,brightness,"
+        "randaugment,mixup,cutmix",
+        type=_names,
+        metavar="NAMES",
+    )
+    augment_on: str = option("host", "where heavy augmentations run", choices=PLACES)
+    crop_scale: tuple[float, float] = option(
+        DEFAULT_CROP_SCALE, "share of the area a random crop covers", type=_pair,
+        metavar="MIN,MAX",
+    )  # fmt: skip
+    crop_ratio: tuple[float, float] = option(
+        DEFAULT_CROP_RATIO, "aspect ratio (width / height) of a random crop", type=_pair,
+        metavar="MIN,MAX",
+    )  # fmt: skip
+    crop_fraction: float | None = option(
+        None, "evaluation's centre crop (default: from the dataset)", type=float
+    )
+    cache: str | None = option(
+        "auto", "keep what is read: in RAM if it fits the budget, memory, disk:FOLDER or none",
+        type=str, metavar="auto|memory|disk:FOLDER|none",
+    )  # fmt: skip
+    seed: int | None = option(None, "makes order and augmentation reproducible", type=int)
+    shuffle_buffer: int = option(8192, "records mixed together in training (<= 128 MB)")
+    pad_final_batch: bool = option(False, "evaluation: pad the last batch, yield weights")
+    repeat: bool = option(False, "repeat forever, each pass one epoch")
+    skip_corrupt: bool = option(False, "skip and count damaged shards and images")
+    data_service: str | None = option(
+        None, "read training batches from this tf.data service dispatcher", type=str,
+        metavar="grpc://HOST:PORT",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        checks.positive_int("batch_size", self.batch_size, "a positive integer (per replica)")
+        if self.training is not None:
+            _boolean("training", self.training, "True, False or None")
+        object.__setattr__(self, "image_size", parse_image_size(self.image_size))
+        checks.one_of("dtype", self.dtype, DTYPES)
+        checks.one_of("label_mode", self.label_mode, LABEL_MODES)
+        object.__setattr__(self, "augment", _names(self.augment))
+        spec = parse_augment(self.augment)
+        checks.one_of("augment_on", self.augment_on, PLACES)
+        if spec.mixing and self.label_mode != "categorical":
+            raise ChuteError(
+                "`augment` with 'mixup' or 'cutmix' mixes labels: it needs "
+                f"label_mode='categorical'. Received: label_mode={self.label_mode!r}"
+            )
+        object.__setattr__(self, "crop_scale", _range("crop_scale", self.crop_scale, 0.0, 1.0))
+        object.__setattr__(self, "crop_ratio", _range("crop_ratio", self.crop_ratio, 0.0, 100.0))
+        if self.crop_fraction is not None:
+            fraction = checks.number_in("crop_fraction", self.crop_fraction, 0.0, 1.0)
+            if fraction == 0:
+                raise checks.bad_value("crop_fraction", self.crop_fraction, "a number in (0, 1]")
+        object.__setattr__(self, "cache", _cache(self.cache))
+        if self.seed is not None and not checks.is_int(self.seed):
+            raise checks.bad_value("seed", self.seed, "an integer or None")
+        checks.positive_int("shuffle_buffer", self.shuffle_buffer)
+        for name in ("pad_final_batch", "repeat", "skip_corrupt"):
+            _boolean(name, getattr(self, name))
+        if self.pad_final_batch and self.training:
+            raise ChuteError("`pad_final_batch` applies to evaluation (training=False) only")
+        if self.pad_final_batch and self.label_mode is None:
+            raise ChuteError(
+                "`pad_final_batch` yields (images, labels, weights): it needs labels. "
+                "Received: label_mode=None"
+            )
+        if self.data_service is not None:
+            address = service.check_address("data_service", self.data_service)
+            object.__setattr__(self, "data_service", address)
+
+    @property
+    def augment_spec(self) -> AugmentSpec:
+        """``augment`` sorted into what is fused with decoding and the heavy rest."""
+        return parse_augment(self.augment)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> LoadOptions:
+        """Builds options from keywords (a TOML ``[load]`` table), naming unknown keys."""
+        return from_mapping(cls, dict(values), "load option")
+
+
+def resolve(options: LoadOptions | Mapping[str, Any] | None, overrides: Mapping) -> LoadOptions:
+    """``options`` (default: every default) with ``overrides`` replacing its fields;
+    unknown names are named in the error.
+
+    Example:
+        >>> resolve(None, {"batch_size": 32}).batch_size
+        32
+    """
+    if options is None or isinstance(options, Mapping):
+        return LoadOptions.from_dict({**(options or {}), **overrides})
+    if not isinstance(options, LoadOptions):
+        raise checks.bad_value("options", options, "a LoadOptions, a mapping of its fields or None")
+    if not overrides:
+        return options
+    fields = {field.name for field in dataclasses.fields(LoadOptions)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ChuteError(f"Unknown load option(s) {unknown}. Allowed: {sorted(fields)}")
+    return dataclasses.replace(options, **overrides)
+
+
+def _boolean(name: str, value: Any, allowed: str = "True or False") -> None:
+    if not isinstance(value, bool):
+        raise checks.bad_value(name, value, allowed)
+
+
+def _cache(value: Any) -> str | None:
+    """``cache`` checked; ``"none"`` (TOML has no null) read as None."""
+    if value is None or value == "none":
+        return None
+    if value in ("auto", "memory"):
+        return value
+    if isinstance(value, str) and value.startswith("disk:") and len(value) > 5:
+        return value
+    raise checks.bad_value("cache", value, CACHE_ALLOWED)
+
+
+def _range(name: str, value: Any, low: float, high: float) -> tuple[float, float]:
+    """A ``(min, max)`` pair of numbers with ``low < min <= max <= high``."""
+    pair = isinstance(value, list | tuple) and len(value) == 2 and all(map(_real, value))
+    if not pair or not low < value[0] <= value[1] <= high:
+        allowed = f"a (min, max) pair with {low:g} < min <= max <= {high:g}"
+        raise checks.bad_value(name, value, allowed)
+    return float(value[0]), float(value[1])
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
