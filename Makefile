@@ -3,8 +3,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
+# pytest-xdist workers: one per core (CI machines have 2).
+WORKERS ?= auto
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test test-fast lint format bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,12 +17,19 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/chute demo
 
+# The whole suite (what CI runs) on parallel workers, slow multi-process tests included.
 test: $(BIN)/.installed lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(WORKERS)
 
+# The inner loop: everything but the tests marked slow (multi-process runs, training).
+test-fast: $(BIN)/.installed
+	$(BIN)/python -m pytest -n $(WORKERS) -m "not slow"
+
+# ruff, then the import contracts in pyproject.toml (layers, no import circle).
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: $(BIN)/.installed
 	$(BIN)/ruff check --fix .

@@ -54,6 +54,39 @@ def make_folder(
     return root
 
 
+def run_here(*args: str | Path) -> subprocess.CompletedProcess:
+    """Runs ``chute ARGS`` in this process: ``cli.main``'s exit code, what it printed, and its
+    log lines on stderr as the command shows them (``chute: ...``).
+
+    Most CLI tests use this (no interpreter start-up, no second TensorFlow import); a few keep
+    :func:`run_cli` to check what only a fresh process shows (no traceback, ``python -m``).
+    """
+    import contextlib
+    import io
+    import logging
+
+    from chute import cli as cli_lib
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("chute: %(message)s"))
+    root = logging.getLogger()
+    quiet = "--quiet" in args or "-q" in args
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING if quiet else logging.INFO)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli_lib.main([str(a) for a in args])
+            except SystemExit as exit:  # argparse: --help, --version, usage errors
+                code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 2)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def run_cli(
     *args: str, cwd: str | Path | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess:

@@ -6,12 +6,11 @@ import json
 import subprocess
 import sys
 
-from helpers import make_folder, run_cli
+from helpers import make_folder, run_cli, run_here
 from PIL import Image
 
 import chute
 from chute import cli
-from chute.tools import report
 
 
 def test_help_lists_commands_without_importing_tensorflow():
@@ -61,39 +60,28 @@ def test_grid_draws_every_class_row(shared_dataset, tmp_path, capsys):
     assert "grid of sample images" in capsys.readouterr().out
 
 
-def test_caption_falls_back_to_label_index_without_a_font(monkeypatch):
-    report._system_fonts.cache_clear()
-    monkeypatch.setattr(report, "_system_fonts", lambda: ())
-    assert report.caption(3, "cat")[0] == "3: cat"
-    assert report.caption(4, "ಕನ್ನಡ")[0] == "4"  # Pillow's own font has no Kannada
-
-
-def test_caption_uses_a_font_that_covers_the_name():
-    text, font = report.caption(5, "ಕ")
-    # Either a font on this machine draws Kannada, or the caption is the index alone.
-    assert text == "5" or (text == "5: ಕ" and report.covers(font, "ಕ"))
-
-
-def test_grid_with_kannada_class_names(tmp_path):
-    src = make_folder(tmp_path / "src", {"ಕ": 3, "ಖ": 3}, size=(8, 8))
-    chute.convert(src, tmp_path / "out", workers=1)
-    path = report.draw_grid(tmp_path / "out", tmp_path / "grid.png", per_class=3)
-    assert Image.open(path).size[1] == 2 * (64 + 2)
-
-
 def test_demo_runs_small(tmp_path):
-    result = run_cli("demo", tmp_path / "demo", "--classes", "3", "--per-class", "12")
+    result = run_here("demo", tmp_path / "demo", "--classes", "3", "--per-class", "12")
     assert result.returncode == 0, result.stderr
     assert "ok:" in result.stdout and "grid.png" in result.stdout
     assert (tmp_path / "demo" / "shards" / "manifest.json").exists()
 
 
-def test_user_errors_exit_2_without_traceback(tmp_path):
-    result = run_cli("inspect", tmp_path / "nothing-here")
-    assert result.returncode == 2
-    assert "No manifest.json" in result.stderr and "Traceback" not in result.stderr
+def test_a_user_error_in_a_fresh_process_exits_2_without_traceback(tmp_path):
     result = run_cli("convert", tmp_path / "missing", tmp_path / "out")
     assert result.returncode == 2
     assert "`source` does not exist" in result.stderr and "Traceback" not in result.stderr
-    result = run_cli("convert", "x", "y", "--color-mode", "cmyk")
+
+
+def test_user_errors_exit_2_with_one_line(tmp_path):
+    result = run_here("inspect", tmp_path / "nothing-here")
+    assert result.returncode == 2
+    assert "No manifest.json" in result.stderr and "Traceback" not in result.stderr
+    result = run_here("convert", "x", "y", "--color-mode", "cmyk")
     assert result.returncode == 2 and "--color-mode" in result.stderr and "cmyk" in result.stderr
+
+
+def test_cli_unwritable_output_path_is_one_line(shared_dataset, tmp_path):
+    result = run_here("inspect", shared_dataset, "--grid", tmp_path / "no" / "such" / "grid.png")
+    assert result.returncode == 1, result.stderr
+    assert "chute inspect: error:" in result.stderr and "Traceback" not in result.stderr

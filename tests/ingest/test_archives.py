@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import all_records, make_folder, run_cli, write_image
+from helpers import all_records, make_folder, run_here, write_image
 
 import chute
 from chute.errors import ChuteError
@@ -388,7 +388,7 @@ def test_cli_exits_2_on_corrupt_and_unsupported_archives_without_traceback(tmp_p
         ("bad.zip", "not a readable zip archive"),
         ("data.7z", ".tar.xz, .txz archive"),
     ):
-        done = run_cli("convert", tmp_path / name, tmp_path / "out", "--no-progress")
+        done = run_here("convert", tmp_path / name, tmp_path / "out", "--no-progress")
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr
         assert says in done.stderr and name in done.stderr

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import all_records, decode, run_cli, write_image
+from helpers import all_records, decode, run_here, write_image
 from PIL import Image
 
 import chute
@@ -150,7 +150,7 @@ def test_files_naming_and_not_naming_splits_are_not_mixed(tmp_path):
 
 def test_a_file_that_is_not_parquet_is_named(tmp_path):
     (tmp_path / "fake.parquet").write_bytes(b"not parquet at all")
-    result = run_cli("convert", tmp_path / "fake.parquet", tmp_path / "out")
+    result = run_here("convert", tmp_path / "fake.parquet", tmp_path / "out")
     assert result.returncode == 2 and "not a readable Parquet file" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -808,3 +808,28 @@ def test_a_list_on_a_tf_filesystem_resolves_its_paths(tmp_path):
     assert found.items[0].path == f"{root}/data/imgs/cat/000.png"
     result = chute.convert(f"{root}/data/list.csv", tmp_path / "out", workers=1)
     assert result.num_written == {"train": 6} and not result.manifest.rejects
+
+
+def test_list_that_is_not_utf8(tmp_path):
+    write_image(tmp_path / "a.png")
+    (tmp_path / "list.csv").write_bytes("a.png,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ChuteError, match="not UTF-8"):
+        sources.scan(str(tmp_path / "list.csv"))
+
+
+def test_jsonl_split_that_is_not_a_string(tmp_path):
+    write_image(tmp_path / "a.png")
+    (tmp_path / "list.jsonl").write_text('{"path": "a.png", "label": "x", "split": 3}\n')
+    with pytest.raises(ChuteError, match=r"line 1.*'split' must be a string"):
+        sources.scan(str(tmp_path / "list.jsonl"))
+
+
+def test_corrupt_npz(tmp_path):
+    (tmp_path / "data.npz").write_bytes(b"PK\x03\x04 this is not a zip archive")
+    with pytest.raises(ChuteError, match=r"not a readable \.npz file"):
+        sources.scan(str(tmp_path / "data.npz"))
+
+
+def test_file_url_source(tmp_path):
+    src = make_folder(tmp_path / "src", {"a": 2, "b": 2}, size=(4, 4))
+    assert len(sources.scan(f"file://{src}").items) == 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import make_folder, run_cli
+from helpers import make_folder, run_here
 
 from chute.tools import bench
 
@@ -73,7 +73,7 @@ def test_the_slower_side_is_named_the_bottleneck(first_rate, bottleneck, feed):
 def test_bench_times_every_loader_and_reports_figures_that_follow_from_the_timings(tmp_path):
     src = make_folder(tmp_path / "src", {"a": 20, "b": 20}, size=(40, 40))
     out = tmp_path / "figures.json"
-    result = run_cli(
+    result = run_here(
         "bench",
         src,
         "--image-size",
@@ -126,5 +126,5 @@ def test_bench_times_every_loader_and_reports_figures_that_follow_from_the_timin
 
 def test_bench_rejects_a_source_that_is_not_a_folder(tmp_path):
     (tmp_path / "file.txt").write_text("not images")
-    result = run_cli("bench", tmp_path / "file.txt", "--work-dir", tmp_path / "work")
+    result = run_here("bench", tmp_path / "file.txt", "--work-dir", tmp_path / "work")
     assert result.returncode == 2 and "`source` must be a folder" in result.stderr

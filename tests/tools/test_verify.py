@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import make_folder, run_cli
+from helpers import make_folder, run_here
 
 import chute
 from chute.errors import ChuteError
@@ -156,13 +156,13 @@ def test_image_off_the_spec_is_named(dataset):
 
 
 def test_cli_verify_exit_codes(dataset):
-    good = run_cli("verify", dataset, "--no-progress")
+    good = run_here("verify", dataset, "--no-progress")
     assert good.returncode == 0, good.stderr
     assert "ok" in good.stdout and "Traceback" not in good.stderr
 
     path = dataset / TRAIN0
     path.write_bytes(path.read_bytes()[:-10])
-    bad = run_cli("verify", dataset, "--no-progress")
+    bad = run_here("verify", dataset, "--no-progress")
     assert bad.returncode == 1
     assert TRAIN0 in bad.stderr
     assert VAL1 not in bad.stderr
@@ -174,7 +174,7 @@ def test_verify_without_a_manifest(tmp_path):
     empty.mkdir()
     with pytest.raises(ChuteError, match=r"manifest\.json"):
         chute.verify(empty)
-    done = run_cli("verify", empty, "--no-progress")
+    done = run_here("verify", empty, "--no-progress")
     assert done.returncode == 2
     assert "manifest.json" in done.stderr and str(empty) in done.stderr
     assert "Traceback" not in done.stderr
@@ -188,7 +188,7 @@ def test_verify_a_manifest_that_is_not_json(dataset):
 
 def test_verify_on_a_tf_filesystem_downloads_each_shard_once(tmp_path, monkeypatch):
     from chute.format import storage
-    from chute.ingest import verify as verification
+    from chute.tools import verify as verification
 
     src = make_folder(tmp_path / "src", {"a": 10, "b": 8, "c": 6})
     out = f"ram://verify-{tmp_path.name}"

@@ -1,0 +1,95 @@
+"""The package's own rules: the facade's three lists agree, functions stay short, and the
+modules that worker processes and ``chute --help`` load never import TensorFlow."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import chute
+
+SRC = Path(chute.__file__).parent
+LONGEST_FUNCTION = 120  # lines; a longer function is split into named steps
+
+
+def _type_checking_names() -> dict[str, str]:
+    """``name -> module`` of the facade's ``if TYPE_CHECKING:`` imports."""
+    tree = ast.parse((SRC / "__init__.py").read_text(encoding="utf-8"))
+    names: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom):
+                    for alias in statement.names:
+                        names[alias.asname or alias.name] = statement.module or ""
+    return names
+
+
+def test_all_the_lazy_table_and_the_type_checking_imports_name_the_same_things():
+    exports = chute._EXPORTS
+    typed = _type_checking_names()
+    assert sorted(chute.__all__) == sorted(exports) == sorted(typed)
+    for name, target in exports.items():
+        module, attribute = target if isinstance(target, tuple) else (target, name)
+        assert typed[name] == module, name
+        assert getattr(chute, name) is getattr(__import__(module, fromlist=[attribute]), attribute)
+
+
+def test_an_unknown_name_on_the_facade_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        chute.nothing_here  # noqa: B018
+
+
+def _long_functions(root: Path, limit: int) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    found.append(f"{path.relative_to(root)}:{node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_the_limit():
+    assert _long_functions(SRC, LONGEST_FUNCTION) == []
+
+
+def test_the_length_check_finds_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST_FUNCTION))
+    (tmp_path / "long.py").write_text(f"def long():\n{body}\n", encoding="utf-8")
+    assert _long_functions(tmp_path, LONGEST_FUNCTION) == [
+        f"long.py:long ({LONGEST_FUNCTION + 1} lines)"
+    ]
+
+
+# What worker processes, a local conversion and `chute --help` import: none loads TensorFlow.
+TENSORFLOW_FREE = [
+    "chute.cli",
+    "chute.image.decode",
+    "chute.image.encode",
+    "chute.ingest.sources",
+    "chute.ingest.encode",
+    "chute.ingest.workers",
+    "chute.ingest.convert",
+    "chute.format.records",
+    "chute.format.storage",
+    "chute.format.manifest",
+]
+
+
+@pytest.mark.parametrize("module", TENSORFLOW_FREE)
+def test_importing_does_not_load_tensorflow(module):
+    code = (
+        f"import sys, {module}; "
+        "heavy = sorted(m for m in ('tensorflow', 'keras', 'jax') if m in sys.modules); "
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "", f"importing {module} loaded {out}"
