@@ -1,4 +1,4 @@
-"""Worker tasks for testing the worker pool's crash handling (run in worker processes).
+"""Worker tasks for testing the worker pool: crashes, and who ran what (run in workers).
 
 ``serve()`` is what a worker started with ``module="crashy_tasks"`` runs.
 """
@@ -22,7 +22,12 @@ def echo(items: list[str], marker_dir: str) -> list[str]:
     return [item.upper() for item in items]
 
 
+def whoami(items: list[str]) -> int:
+    """The worker's process id (which worker a task went to)."""
+    return os.getpid()
+
+
 def serve() -> None:
     from chute.ingest.workers import serve as serve_tasks
 
-    serve_tasks({"echo": echo})
+    serve_tasks({"echo": echo, "whoami": whoami})

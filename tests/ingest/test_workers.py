@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import make_folder, tree_bytes
@@ -25,6 +28,27 @@ def test_results_come_back_in_task_order(tmp_path, pool):
     probes = list(pool.ordered("probe_chunk", tasks, window=3))
     inline = list(workers.InlinePool().ordered("probe_chunk", tasks))
     assert probes == inline and len(probes) == 21
+
+
+def test_work_goes_to_the_worker_with_the_least_pending(monkeypatch):
+    """Shards of 65 images used to be cut into 64 + 1 and dealt round-robin: one worker got
+    every 64-image chunk, the other the 1-image remainders, and sat idle."""
+    tests = str(Path(__file__).resolve().parents[1])  # where crashy_tasks.py is
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    tasks = [(["x"] * 64,), (["x"],)] * 8
+    with workers.WorkerPool(2, module="crashy_tasks") as pool:
+        pids = list(pool.ordered("whoami", tasks))
+    items = collections.Counter()
+    for task, pid in zip(tasks, pids, strict=True):
+        items[pid] += len(task[0])
+    assert len(items) == 2
+    assert min(items.values()) >= 0.4 * sum(items.values()), items
+
+
+def test_a_task_costs_its_items():
+    assert workers.task_cost(([1, 2, 3], "spec")) == 3
+    assert workers.task_cost(([], "spec")) == 1  # still a message to answer
+    assert workers.task_cost(("ls",)) == 1
 
 
 def test_an_error_in_a_worker_is_raised_with_its_traceback():

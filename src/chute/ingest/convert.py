@@ -451,8 +451,8 @@ def _encode_tasks(plan: _Plan, shards: list[layout.Shard]) -> Iterator[tuple]:
     """The worker tasks that encode ``shards``: chunks of ``(key, label, payload)``."""
     found = plan.found
     for shard in shards:
-        for start in range(0, len(shard.indices), ENCODE_CHUNK):
-            chunk = shard.indices[start : start + ENCODE_CHUNK]
+        for start, stop in worker_pool.chunk_bounds(len(shard.indices), ENCODE_CHUNK):
+            chunk = shard.indices[start:stop]
             items = [
                 (found.items[i].key, found.items[i].label, found.payload(found.items[i]))
                 for i in chunk
@@ -466,8 +466,8 @@ def _write_shard(plan: _Plan, shard: layout.Shard, results: Iterator, guard: Lea
     items = plan.found.items
 
     def chunks() -> Iterator[list[writer.Record]]:
-        for start in range(0, len(shard.indices), ENCODE_CHUNK):
-            chunk = shard.indices[start : start + ENCODE_CHUNK]
+        for start, stop in worker_pool.chunk_bounds(len(shard.indices), ENCODE_CHUNK):
+            chunk = shard.indices[start:stop]
             yield [
                 (items[i].label, *encoded) for i, encoded in zip(chunk, next(results), strict=True)
             ]

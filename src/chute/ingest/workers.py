@@ -5,7 +5,8 @@ Each worker is a fresh ``python -m chute.ingest.workers`` that imports only
 Pillow, NumPy, OpenCV). Unlike ``multiprocessing``'s spawned workers it never re-runs the
 caller's main script, so a script that imports TensorFlow at the top does not
 load it again in every worker, and no ``if __name__ == "__main__":`` guard is
-needed. Tasks go out round-robin and results come back in task order, so
+needed. Each task goes to the worker with the least work pending (a task's
+work is the number of items it carries), and results come back in task order, so
 output never depends on the number of workers.
 """
 
@@ -56,6 +57,32 @@ def check_workers(workers: int | None) -> int:
     return checks.int_in("workers", workers, 1, 1024)
 
 
+def task_cost(task: tuple) -> int:
+    """The work a task carries: the number of items in its first argument (a chunk of
+    images), or 1.
+
+    Example:
+        >>> task_cost(([("a", 0, "a.png"), ("b", 1, "b.png")], "spec", 10)), task_cost((3,))
+        (2, 1)
+    """
+    first = task[0] if task else None
+    return max(1, len(first)) if isinstance(first, list | tuple) else 1
+
+
+def chunk_bounds(length: int, size: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of the fewest chunks of at most ``size`` that cover ``length``
+    items, as equal as they can be: 65 items in chunks of 64 are 33 + 32, not 64 + 1.
+
+    Example:
+        >>> chunk_bounds(65, 64)
+        [(0, 33), (33, 65)]
+        >>> chunk_bounds(128, 64), chunk_bounds(0, 64)
+        ([(0, 64), (64, 128)], [])
+    """
+    count = -(-length // size)
+    return [(length * i // count, length * (i + 1) // count) for i in range(count)]
+
+
 def _send(stream: BinaryIO, message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(data)) + data)
@@ -99,8 +126,10 @@ class WorkerPool:
         self._module = module
         self._on_crash = on_crash
         self._procs = [self._start() for _ in range(workers)]
-        # per worker: the tasks sent and not answered yet, oldest first: [function, task, tries]
+        # per worker: the tasks sent and not answered yet, oldest first:
+        # [function, task, tries, cost]; and the sum of their costs
         self._pending: list[collections.deque] = [collections.deque() for _ in range(workers)]
+        self._load = [0] * workers
         self._broken = False
 
     def _start(self) -> subprocess.Popen:
@@ -120,16 +149,20 @@ class WorkerPool:
     def ordered(self, function: str, tasks: Iterable[tuple], window: int | None = None) -> Iterator:
         """Results of ``function(*task)``, in task order.
 
-        At most ``window`` tasks (default four per worker) are in flight, which
-        bounds memory whatever the dataset size.
+        Each task goes to the worker with the least work pending (its items, see
+        :func:`task_cost`), so a shard's short last chunk never leaves a worker
+        idle behind another's full ones. At most ``window`` tasks (default four
+        per worker) are in flight, which bounds memory whatever the dataset size.
         """
         if self._broken:
             raise RuntimeError("the worker pool is broken by an earlier error; start a new one")
         window = window or 4 * len(self._procs)
         in_flight: list[int] = []  # worker of each pending task, oldest first
-        for number, task in enumerate(tasks):
-            worker = number % len(self._procs)
-            self._pending[worker].append([function, task, 1])
+        for task in tasks:
+            worker = min(range(len(self._procs)), key=self._load.__getitem__)
+            cost = task_cost(task)
+            self._pending[worker].append([function, task, 1, cost])
+            self._load[worker] += cost
             # a dead worker: reading its next result notices, and replaces it
             with contextlib.suppress(BrokenPipeError):
                 _send(self._procs[worker].stdin, (function, task))
@@ -151,7 +184,7 @@ class WorkerPool:
                 if crashed is not None:
                     self._broken = False
                     return crashed
-        self._pending[worker].popleft()
+        self._load[worker] -= self._pending[worker].popleft()[3]
         if status == "error":
             raise RuntimeError(f"worker process failed:\n{value}")
         self._broken = False
@@ -166,7 +199,7 @@ class WorkerPool:
             self._procs[worker].stdin.close()
         self._procs[worker].stdout.close()
         pending = self._pending[worker]
-        function, task, tries = pending[0]
+        function, task, tries, cost = pending[0]
         crashed = None
         if tries >= 2 or self._on_crash is None:
             if self._on_crash is None:
@@ -176,12 +209,13 @@ class WorkerPool:
                 )
             log.warning("a worker process died twice on one task (exit code %d)", code)
             pending.popleft()
+            self._load[worker] -= cost
             crashed = self._on_crash(function, task, code)
         else:
             log.warning("a worker process died (exit code %d); starting another", code)
             pending[0][2] += 1
         self._procs[worker] = self._start()
-        for function, task, _ in pending:
+        for function, task, *_ in pending:
             with contextlib.suppress(BrokenPipeError):  # died again: read, noticed, replaced
                 _send(self._procs[worker].stdin, (function, task))
         return crashed
