@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -71,3 +72,71 @@ def test_older_manifests_are_read_and_newer_ones_refused():
     body["version"] = manifest_lib.VERSION + 1
     with pytest.raises(ChuteError, match="newer chute"):
         manifest_lib.Manifest.from_json(json.dumps(body), location="ram://x")
+
+
+def _tampered(shared_dataset, tmp_path, change) -> str:
+    """A copy of the shared dataset whose manifest ``change(body)`` edited."""
+    import shutil
+
+    out = tmp_path / "tampered"
+    shutil.copytree(shared_dataset, out)
+    body = json.loads((out / "manifest.json").read_text())
+    change(body)
+    (out / "manifest.json").write_text(json.dumps(body))
+    return str(out)
+
+
+def _set_file(name):
+    def change(body):
+        body["splits"]["train"]["shards"][0]["file"] = name
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "name", ["/etc/passwd", "../other/train-00000-of-00002.tfrecord", "..", "a\\b", "C:x", ""]
+)
+def test_a_shard_name_that_leaves_the_folder_is_refused_wherever_a_manifest_is_read(
+    shared_dataset, tmp_path, name
+):
+    from helpers import run_here
+
+    import chute
+
+    out = _tampered(shared_dataset, tmp_path, _set_file(name))
+    with pytest.raises(ChuteError, match=r"splits\.train\.shards\[0\]\.file` must be a file name"):
+        chute.load(out, "train")
+    with pytest.raises(ChuteError, match="inside the dataset's folder"):
+        chute.verify(out)
+    for command in (["verify", out], ["inspect", out]):
+        result = run_here(*command)
+        assert result.returncode == 2, result.stderr
+        assert "must be a file name inside the dataset's folder" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda b: b["splits"]["train"].__setitem__("shards", None), "splits.train.shards"),
+        (lambda b: b["splits"]["train"].pop("shards"), "splits.train.shards"),
+        (lambda b: b["splits"]["val"].pop("num_examples"), "splits.val.num_examples"),
+        (lambda b: b["splits"].__setitem__("val", []), "splits.val"),
+        (lambda b: b["splits"]["train"]["shards"].__setitem__(0, "x"), "splits.train.shards[0]"),
+        (lambda b: b["splits"]["train"]["shards"][1].pop("num_records"), "shards[1].num_records"),
+        (lambda b: b.__setitem__("splits", None), "splits"),
+        (lambda b: b.__setitem__("class_names", "abc"), "class_names"),
+    ],
+)
+def test_a_malformed_manifest_is_one_error_naming_the_field(
+    shared_dataset, tmp_path, change, field
+):
+    from helpers import run_here
+
+    out = _tampered(shared_dataset, tmp_path, change)
+    with pytest.raises(ChuteError, match=re.escape(field) + "` must be"):
+        manifest_lib.load(out)
+    for command in (["verify", out], ["inspect", out], ["train", out, "--epochs", "1"]):
+        result = run_here(*command)
+        assert result.returncode == 2, (command, result.stderr)
+        assert f"{field}` must be" in result.stderr and "Traceback" not in result.stderr

@@ -101,6 +101,7 @@ class Manifest:
                 f"{location} was written by a newer chute (manifest version "
                 f"{body['version']}, this chute reads up to {VERSION}); upgrade chute"
             )
+        check_structure(body, location or MANIFEST_NAME)
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in body.items() if k in fields}
         image = dict(values.get("image") or {})
@@ -117,6 +118,74 @@ class Manifest:
         path = storage.join(directory, MANIFEST_NAME)
         storage.write_atomic(path, self.to_json().encode("utf-8"))
         return path
+
+
+def _bad(where: str, field: str, value: Any, allowed: str) -> ChuteError:
+    return ChuteError(
+        f"{where} is not a valid chute manifest: `{field}` must be {allowed}. "
+        f"Received: {field}={value!r:.200}"
+    )
+
+
+def check_shard_file(name: Any, field: str = "file", where: str = MANIFEST_NAME) -> str:
+    """A shard's file name from a manifest, refused unless it is a plain name inside the
+    dataset's folder: a downloaded manifest must not make chute open ``/etc/passwd`` or
+    ``../other/...``.
+
+    Example:
+        >>> check_shard_file("train-00000-of-00004.tfrecord")
+        'train-00000-of-00004.tfrecord'
+        >>> check_shard_file("../other/train.tfrecord")
+        Traceback (most recent call last):
+        ...
+        chute.errors.ChuteError: manifest.json is not a valid chute manifest: `file` must be a file name inside the dataset's folder (no '/', '\\', '..' or drive). Received: file='../other/train.tfrecord'
+    """  # noqa: E501
+    plain = (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(sep in name for sep in ("/", "\\", "\0"))
+        and not re.match(r"^[A-Za-z]:", name)
+    )
+    if not plain:
+        allowed = "a file name inside the dataset's folder (no '/', '\\', '..' or drive)"
+        raise _bad(where, field, name, allowed)
+    return name
+
+
+def check_structure(body: dict[str, Any], where: str) -> None:
+    """Refuses a manifest whose fields readers index into without checking: class names,
+    splits and their shards (file names, record counts). One error names the field.
+
+    Example:
+        >>> split = {"num_examples": 0, "shards": None}
+        >>> check_structure({"class_names": ["a"], "splits": {"train": split}}, "m")
+        Traceback (most recent call last):
+        ...
+        chute.errors.ChuteError: m is not a valid chute manifest: `splits.train.shards` must be a list of shard entries. Received: splits.train.shards=None
+    """  # noqa: E501
+    names = body.get("class_names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _bad(where, "class_names", names, "a list of class names")
+    splits = body.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        raise _bad(where, "splits", splits, "an object of splits")
+    for split, entry in splits.items():
+        if not isinstance(entry, dict):
+            raise _bad(where, f"splits.{split}", entry, "an object")
+        count = entry.get("num_examples")
+        if not checks.is_int(count) or count < 0:
+            raise _bad(where, f"splits.{split}.num_examples", count, "a count")
+        shards = entry.get("shards")
+        if not isinstance(shards, list):
+            raise _bad(where, f"splits.{split}.shards", shards, "a list of shard entries")
+        for number, shard in enumerate(shards):
+            field = f"splits.{split}.shards[{number}]"
+            if not isinstance(shard, dict):
+                raise _bad(where, field, shard, "a shard entry (an object)")
+            check_shard_file(shard.get("file"), f"{field}.file", where)
+            records = shard.get("num_records")
+            if not checks.is_int(records) or records < 0:
+                raise _bad(where, f"{field}.num_records", records, "a count")
 
 
 def sparse_counts(counts: dict[int, int]) -> dict[str, list[int]]:
