@@ -7,6 +7,8 @@ rejected with reasons, never read outside the archive nor into memory whole.
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
 import json
 import os
@@ -141,6 +143,35 @@ def test_presplit_tree_in_a_zip_keeps_its_splits(tmp_path):
     chute.convert(folder, tmp_path / "b", workers=1)
     assert result.num_written == {"train": 7, "val": 4}
     assert_same_conversion(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.parametrize("mode", ["w", "w:gz"])
+def test_tar_member_names_that_are_not_utf8_convert_as_the_extracted_folder(tmp_path, mode):
+    """GNU tar members named in latin-1 (é as the byte 0xe9): keys escape the byte as
+    ``\\xe9``, as the extracted folder's do, and nothing crashes after a shard is written."""
+    made = make_folder(tmp_path / "made", {"a": 2, "b": 2})
+    png = write_image(tmp_path / "x.png", seed=11).read_bytes()
+    archive = tmp_path / ("latin.tar" + (".gz" if mode.endswith("gz") else ""))
+    with tarfile.open(archive, mode, format=tarfile.GNU_FORMAT, encoding="latin-1") as out:
+        out.add(made, arcname=".")
+        for name, data in (("a/café.png", png), ("b/déjà.png", b"\x89PNG\r\n\x1a\n cut")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    found = sources.scan(str(archive))
+    assert {"a/caf\\xe9.png", "b/d\\xe9j\\xe0.png"} <= {i.key for i in found.items}
+    found.close()
+    folder = extract(archive, tmp_path / "extracted")
+    assert os.path.exists(os.fsencode(folder) + b"/a/caf\xe9.png")
+    result = chute.convert(archive, tmp_path / "from-tar", **OPTIONS)
+    chute.convert(folder, tmp_path / "from-folder", **OPTIONS)
+    assert_same_conversion(tmp_path / "from-tar", tmp_path / "from-folder")
+    assert [r["key"] for r in result.manifest.rejects] == ["b/d\\xe9j\\xe0.png"]
+    keys = {
+        r["key"] for split in ("train", "val") for r in all_records(tmp_path / "from-tar", split)
+    }
+    assert "a/caf\\xe9.png" in keys
+    assert "b/d\\xe9j\\xe0.png," in (tmp_path / "from-tar" / "rejects.csv").read_text("utf-8")
 
 
 def test_class_root_members_stored_twice_backslashes_and_dot_slash(tmp_path):
@@ -293,15 +324,65 @@ def test_declared_sizes_past_the_limit_are_rejected_before_reading(tmp_path):
     }
 
 
-def test_compressed_tar_bombs_are_refused_or_not_unpacked(tmp_path):
-    # A header declaring 10 GB: refused from the header, nothing decompressed or written.
-    archive = tmp_path / "bomb.tar.gz"
-    with tarfile.open(archive, "w:gz") as out:
-        info = tarfile.TarInfo("a/1.png")
-        info.size = 10 << 30
-        out.addfile(info)  # no data follow: the stream ends (a bomb need not be complete)
-    with pytest.raises(ChuteError, match="expands more than 1000-fold"):
-        sources.scan(str(archive))
+@pytest.mark.parametrize(
+    ("name", "max_pixels"),
+    [("a/1.png", 10**6), ("a/1.png", 1000), ("a/notes.bin", 10**6)],
+    ids=["unpacked", "too-large-to-unpack", "not-an-image"],
+)
+def test_compressed_tar_data_expanding_past_the_budget_is_a_bomb(
+    tmp_path, monkeypatch, name, max_pixels
+):
+    """Data that really expands more than 1000-fold (past the floor, 1 MiB here) is refused
+    while it is decompressed, whether the member would be copied, is too large to be, or
+    is no image: nothing of it stays on disk."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(tars, "UNPACK_FLOOR", 1 << 20)
+    archive = tmp_path / "bomb.tar.bz2"
+    zeros = bytes(8 << 20)
+    with tarfile.open(archive, "w:bz2") as out:
+        out.addfile(_info("b/1.png", 3), io.BytesIO(b"png"))
+        out.addfile(_info(name, len(zeros)), io.BytesIO(zeros))
+    assert archive.stat().st_size < 2000  # 8 MiB of zeros
+    with pytest.raises(ChuteError, match=r"expands more than 1000-fold.*compression bomb"):
+        sources.scan(str(archive), max_pixels=max_pixels)
+    assert list(temp.iterdir()) == []
+
+
+def _info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    return info
+
+
+@pytest.mark.parametrize(("suffix", "compress"), [(".gz", gzip.compress), (".bz2", bz2.compress)])
+def test_a_header_claiming_more_than_the_archive_holds_rejects_that_member_only(
+    tmp_path, suffix, compress
+):
+    """The last header claims 8 GiB and the archive ends: the compressed tar converts as the
+    same plain tar does (that member rejected as too large), not as a compression bomb."""
+    made = make_folder(tmp_path / "made", {"a": 3, "b": 3})
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as out:
+        out.add(made, arcname=".")
+        end = out.offset  # before the end-of-archive blocks
+    claim = _info("b/huge.png", 8 << 30).tobuf(tarfile.GNU_FORMAT)
+    data = buffer.getvalue()[:end] + claim + bytes(2 * tarfile.BLOCKSIZE)
+    plain, packed = tmp_path / "claim.tar", tmp_path / f"claim.tar{suffix}"
+    plain.write_bytes(data)
+    packed.write_bytes(compress(data))
+    results = [chute.convert(path, tmp_path / f"out{path.suffix}", **OPTIONS)
+               for path in (plain, packed)]  # fmt: skip
+    (reject,) = results[1].manifest.rejects
+    assert reject["key"] == "b/huge.png"
+    assert reject["reason"].startswith(f"archive member too large: {8 << 30} bytes > ")
+    assert results[0].manifest.rejects == results[1].manifest.rejects
+    assert results[0].num_written == results[1].num_written == {"train": 4, "val": 2}
+    assert outputs(tmp_path / "out.tar") == outputs(tmp_path / f"out{suffix}")
+
+
+def test_compressed_tar_members_too_large_are_not_unpacked(tmp_path):
     # A member too large for --max-pixels is skipped while unpacking, then rejected.
     archive = tmp_path / "big.tar.gz"
     made = make_folder(tmp_path / "made", {"a": 2, "b": 2})

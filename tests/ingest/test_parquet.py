@@ -7,6 +7,7 @@ import collections
 import io
 import json
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -79,8 +80,11 @@ def _by_split(out: Path) -> dict[str, collections.Counter]:
     }
 
 
-def test_hub_layout_converts_as_the_equivalent_folder(hub, tmp_path):
+def test_hub_layout_converts_as_the_equivalent_folder(hub, tmp_path, monkeypatch):
     folder_of_parquet, tree = hub
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the images are copied
     a = chute.convert(folder_of_parquet, tmp_path / "a", workers=1, image_size=(10, 12))
     b = chute.convert(tree, tmp_path / "b", workers=1, image_size=(10, 12))
     assert a.manifest.class_names == b.manifest.class_names == CLASSES
@@ -88,7 +92,7 @@ def test_hub_layout_converts_as_the_equivalent_folder(hub, tmp_path):
     assert set(a.manifest.splits) == {"train", "test"}
     assert _by_split(tmp_path / "a") == _by_split(tmp_path / "b")
     assert chute.verify(tmp_path / "a").ok
-    assert not list(Path(parquet.tempfile.gettempdir()).glob("chute-parquet-*/images.data"))
+    assert list(temp.glob("chute-*")) == []  # the copied images are deleted
 
 
 def test_workers_read_the_copied_images_and_a_rerun_sees_a_changed_file(hub, tmp_path):
@@ -190,3 +194,90 @@ def test_hf_names_download_through_huggingface_hub(monkeypatch, hub, tmp_path):
     assert result.manifest.class_names == CLASSES and result.manifest.num_examples("test") == 6
     with pytest.raises(ChuteError, match=r"hf:OWNER/NAME\[:CONFIG\]"):
         chute.convert("hf:", tmp_path / "bad", workers=1)
+
+
+def _write_two_image_columns(path: Path) -> None:
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    images = pa.array([{"bytes": _png(i), "path": f"{i}.png"} for i in range(4)], struct)
+    pq.write_table(pa.table({"image": images, "thumb": images, "label": [0, 1, 0, 1]}), path)
+
+
+@pytest.mark.parametrize(
+    ("options", "argument", "value"),
+    [
+        (["--label-column", "image"], "label_column", "'image'"),
+        (["--image-column", "label", "--label-column", "label"], "label_column", "'label'"),
+        (["--image-column", "label"], "image_column", "'label'"),
+        (["--label-column", "thumb"], "label_column", "'thumb'"),
+    ],
+    ids=["image-as-label", "one-column-for-both", "numbers-as-images", "images-as-labels"],
+)
+def test_columns_that_cannot_hold_what_they_are_asked_are_one_line_errors(
+    tmp_path, options, argument, value
+):
+    """No pyarrow IndexError, no row read: the option and the value it received."""
+    _write_two_image_columns(tmp_path / "t.parquet")
+    result = run_here("convert", tmp_path / "t.parquet", tmp_path / "out", *options)
+    assert result.returncode == 2, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert f"`{argument}`" in line and f"{argument}={value}" in line
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_string_labels_beside_class_label_metadata_are_mapped_through_its_names(tmp_path):
+    rows = [(f"{i}.png", _png(20 + i), CLASSES[i % 3]) for i in range(6)]
+    rows.append(("odd.png", _png(30), "not_a_class"))
+    _write(tmp_path / "train.parquet", rows, metadata=_hf_metadata())
+    result = chute.convert(tmp_path / "train.parquet", tmp_path / "out", workers=1)
+    assert result.manifest.class_names == CLASSES
+    assert {r["key"]: r["class"] for r in all_records(tmp_path / "out")} == {
+        f"train.parquet#{i:08d}": i % 3 for i in range(6)
+    }
+    (reject,) = result.manifest.rejects
+    assert reject["key"] == "train.parquet#00000006"
+    assert "'not_a_class' is not a class index from 0 to 2, nor a class name" in reject["reason"]
+
+
+def test_a_parquet_source_without_usable_rows_says_so_in_parquet_terms(tmp_path):
+    _write(tmp_path / "train.parquet", [("a.png", None, 0), ("b.png", _png(1), None)])
+    with pytest.raises(ChuteError, match="holds no images") as raised:
+        chute.convert(tmp_path / "train.parquet", tmp_path / "out", workers=1)
+    message = str(raised.value)
+    assert "rows with image bytes and a label in its Parquet files" in message
+    assert "2 refused, first 'train.parquet#00000000': no image bytes" in message
+    assert "class folders" not in message and "files ending in" not in message
+
+
+def _card(folder: Path, yaml: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "README.md").write_text(f"---\n{yaml}---\n# A dataset\n\n![preview](assets/p.png)\n")
+    (folder / "assets").mkdir()
+    (folder / "assets" / "preview.png").write_bytes(_png(99))
+    (folder / ".gitattributes").write_text("*.parquet filter=lfs diff=lfs merge=lfs -text\n")
+
+
+def test_a_hub_dataset_repository_cloned_is_read_as_parquet(hub, tmp_path):
+    """README.md (the card), assets/preview.png and data/*.parquet: the Hub's layout, not a
+    tree of class folders named 'assets' and 'data'."""
+    folder_of_parquet, tree = hub  # folder_of_parquet/data/{train,test}-*.parquet
+    clone = tmp_path / "beans"
+    _card(clone, "license: mit\n")
+    (clone / "data").symlink_to(folder_of_parquet / "data", target_is_directory=True)
+    result = chute.convert(clone, tmp_path / "a", workers=1, image_size=(10, 12))
+    assert result.manifest.source["kind"] == "parquet"
+    chute.convert(tree, tmp_path / "b", workers=1, image_size=(10, 12))
+    assert _by_split(tmp_path / "a") == _by_split(tmp_path / "b")
+    # configuration folders beside a dataset card (its YAML header declares them)
+    configs = tmp_path / "configs"
+    _card(configs, "configs:\n- config_name: default\n  data_files: default/*/*.parquet\n")
+    rows = [(f"{i}.png", _png(i), i % 3) for i in range(6)]
+    _write(configs / "default" / "train" / "0000.parquet", rows, metadata=_hf_metadata())
+    found = chute.convert(configs, tmp_path / "c", workers=1)
+    assert found.manifest.source["kind"] == "parquet" and found.num_written == {"train": 6}
+    # a class tree with a README.md that is no dataset card stays a class tree
+    plain = tmp_path / "plain"
+    _card(plain, "title: notes\n")
+    (plain / "notes").mkdir()
+    _write(plain / "notes" / "extra.parquet", rows)
+    assert parquet.is_parquet_source(str(configs)) and not parquet.is_parquet_source(str(plain))

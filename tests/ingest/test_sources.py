@@ -833,3 +833,40 @@ def test_corrupt_npz(tmp_path):
 def test_file_url_source(tmp_path):
     src = make_folder(tmp_path / "src", {"a": 2, "b": 2}, size=(4, 4))
     assert len(sources.scan(f"file://{src}").items) == 4
+
+
+# -- names that are not UTF-8 ---------------------------------------------------------------
+
+
+def test_names_that_are_not_utf8_are_escaped_keys_end_to_end(tmp_path):
+    """A file, a bad file and a class folder named with bytes that are not UTF-8 (latin-1
+    é, a stray 0xff): each such byte is written ``\\xNN`` in the keys, records, rejects and
+    source-files.csv; the files are still read through their real names."""
+    src = make_folder(tmp_path / "src", {"a": 2, "b": 1})
+    root = os.fsencode(src)
+    os.mkdir(root + b"/caf\xe9")
+    pixels = np.arange(120, dtype=np.uint8).reshape(12, 10)
+    os.rename(write_image(tmp_path / "x.png", pixels), root + b"/a/caf\xe9.png")
+    os.rename(write_image(tmp_path / "y.png", seed=3), root + b"/caf\xe9/\xff.png")
+    with open(root + b"/b/bad\xff.png", "wb") as handle:
+        handle.write(b"\x89PNG\r\n\x1a\n not really")
+
+    found = sources.scan(str(src))
+    assert found.class_names == ["a", "b", "caf\\xe9"]
+    assert "a/caf\\xe9.png" in keys_and_labels(found)
+    assert keys_and_labels(found)["caf\\xe9/\\xff.png"] == "caf\\xe9"
+
+    results = [chute.convert(src, tmp_path / name, workers=1) for name in ("out", "again")]
+    records = {r["key"]: r for r in all_records(tmp_path / "out")}
+    assert set(records) == {"a/000.png", "a/001.png", "a/caf\\xe9.png", "b/000.png",
+                            "caf\\xe9/\\xff.png"}  # fmt: skip
+    assert (decode(records["a/caf\\xe9.png"])[..., 0] == pixels).all()
+    (reject,) = results[0].manifest.rejects
+    assert reject["key"] == "b/bad\\xff.png"
+    assert "b/bad\\xff.png," in (tmp_path / "out" / "rejects.csv").read_text("utf-8")
+    listing = (tmp_path / "out" / "source-files.csv").read_text("utf-8")
+    assert "\na/caf\\xe9.png," in listing and "\ncaf\\xe9/\\xff.png," in listing
+    # deterministic: a second conversion writes the same shards and rejects
+    for name in ("train-00000-of-00001.tfrecord", "rejects.csv", "source-files.csv"):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
+    assert chute.convert(src, tmp_path / "out", workers=1).already_done

@@ -17,12 +17,15 @@ Recognised sources (see :func:`scan`):
 * WebDataset tar shards, ``{key}.jpg`` beside ``{key}.cls`` (or ``.txt``,
   ``.json``), one ``.tar`` or a pattern such as ``shard-{000000..000099}.tar``
   (see :mod:`.webdataset`);
-* Hugging Face Parquet files (a folder in the Hub's layout, or one ``.parquet``
-  file), or ``hf:OWNER/NAME[:CONFIG]`` downloaded from the Hub (see
-  :mod:`.parquet`).
+* Hugging Face Parquet files (a folder in the Hub's layout, a dataset
+  repository cloned, or one ``.parquet`` file), or ``hf:OWNER/NAME[:CONFIG]``
+  downloaded from the Hub (see :mod:`.parquet`).
 
 One module per kind; :mod:`.base` holds what they share (a leaf), and
 :func:`scan` picks the kind from a table of ``(recognises, scanner)`` rows.
+Whatever the kind, :func:`scan` makes keys, reject reasons and class names
+text (:func:`~.base.text_key`): a name that is not UTF-8 keeps its bytes as
+``\\xNN`` in them, while its file is read through its real path.
 """
 
 from __future__ import annotations
@@ -41,11 +44,21 @@ from chute.ingest.sources.base import (
     Item,
     ProgressFn,
     Source,
+    text_key,
 )
 from chute.ingest.sources.folder import image_files, scan_folder
 from chute.ingest.sources.members import TAR, ZIP
 
-__all__ = ["IMAGE_EXTENSIONS", "SPLITS", "Item", "Source", "image_files", "scan"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "SPLITS",
+    "Item",
+    "Source",
+    "container_files",
+    "image_files",
+    "scan",
+    "text_key",
+]
 
 
 class _Request(NamedTuple):
@@ -75,6 +88,30 @@ def _scan_parquet(path: str, request: _Request) -> Source:
     return parquet.scan_parquet(
         path, max_pixels=request.max_pixels, progress=request.progress, **request.columns
     )
+
+
+def _escape_names(found: Source) -> None:
+    """Keys, reject reasons and class names as text (:func:`~.base.text_key`), whatever the
+    kind: a name that is not UTF-8 is written escaped, never crashes a writer."""
+    found.items = [
+        item if (key := text_key(item.key)) == item.key else item._replace(key=key)
+        for item in found.items
+    ]
+    found.rejects = [
+        {field: text_key(v) if isinstance(v, str) else v for field, v in reject.items()}
+        for reject in found.rejects
+    ]
+    found.class_names = [text_key(name) for name in found.class_names]
+
+
+def _looked_for(kind: str) -> str:
+    """What a source of ``kind`` holding no images was searched for, as a message says it."""
+    if kind == "parquet":
+        return "rows with image bytes and a label in its Parquet files"
+    files = f"files ending in {', '.join(sorted(IMAGE_EXTENSIONS))}, in any letter case"
+    if kind == "webdataset":
+        return f"{files}, in WebDataset samples ({{key}}.<image> beside {{key}}.cls, .txt or .json)"
+    return f"{files}, inside class folders"
 
 
 def _is_pattern(source: str) -> bool:
@@ -159,6 +196,7 @@ def scan(
             f"or one of {sorted('keras:' + k for k in arrays.KERAS_CLASS_NAMES)}. "
             f"Received: source={source!r}"
         )
+    _escape_names(found)
     given = [f"{name}={value!r}" for name, value in columns.items() if value is not None]
     if given and found.kind != "parquet":
         found.close()
@@ -168,17 +206,39 @@ def scan(
         )
     if not found.items:
         found.close()
-        where = (
-            "in WebDataset samples ({key}.<image> beside {key}.cls, .txt or .json)"
-            if found.kind == "webdataset"
-            else "inside class folders"
-        )
         refused = ""
         if found.rejects:
             first = found.rejects[0]
             refused = f"; {len(found.rejects)} refused, first {first['key']!r}: {first['reason']}"
         raise ChuteError(
-            f"`source` holds no images. Received: source={source!r} (looked for files ending in "
-            f"{', '.join(sorted(IMAGE_EXTENSIONS))}, in any letter case, {where}{refused})"
+            f"`source` holds no images. Received: source={source!r} "
+            f"(looked for {_looked_for(found.kind)}{refused})"
         )
     return found
+
+
+def container_files(source: str | os.PathLike) -> list[str] | None:
+    """The files a source is read from when they are known without scanning it (what
+    ``source-files.csv`` lists for it): an archive, Parquet files, an ``.npz``,
+    WebDataset shards. None for sources whose items must be listed (folders, lists)
+    or downloaded (``hf:``, ``keras:``), and for a source that is not there.
+
+    Example:
+        >>> container_files("keras:mnist") is None
+        True
+    """
+    source = os.fspath(source)
+    if source.startswith(("hf:", "keras:")):
+        return None
+    try:
+        if _is_pattern(source):
+            return webdataset.shard_paths(source)
+        if not storage.exists(source):
+            return None
+        if parquet.is_parquet_source(source):
+            return parquet.files_of(source)
+        if not storage.isdir(source) and source.lower().endswith((".npz", *archives.SUFFIXES)):
+            return [source]
+    except ChuteError:
+        return None  # the scan reports it
+    return None

@@ -7,12 +7,16 @@ it imports none of them.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import os
+import re
 import shutil
+import tempfile
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -95,6 +99,32 @@ class Source:
 def is_image(name: str) -> bool:
     """Whether ``name`` ends in an image extension, in any letter case."""
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogate(match: re.Match) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as os.fsdecode and tarfile hold it
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\u{code:04x}"  # a lone surrogate from elsewhere: no byte behind it
+
+
+def text_key(name: str) -> str:
+    """``name`` as text that can be written anywhere (UTF-8 records, CSV, JSON).
+
+    A file or member name that is not UTF-8 reaches Python with its undecodable
+    bytes held as surrogates (``os.fsdecode``, ``tarfile``); each becomes ``\\xNN``,
+    as ``bytes.decode("utf-8", "backslashreplace")`` writes it. Other names are
+    returned unchanged. Only keys and messages are escaped: the file is still read
+    through its real path.
+
+    Example:
+        >>> text_key(os.fsdecode(b"cats/caf\\xe9.png")), text_key("cats/café.png")
+        ('cats/caf\\\\xe9.png', 'cats/café.png')
+    """
+    return _SURROGATE.sub(_escape_surrogate, name)
 
 
 def visible_folders(names: Iterable[str], where: str) -> list[str]:
@@ -183,3 +213,30 @@ def class_names_of(labels: list[str]) -> list[str]:
     if all(label.lstrip("-").isdigit() for label in unique):
         return sorted(unique, key=lambda label: (int(label), label))  # "1" and "01" stay apart
     return sorted(unique)
+
+
+_scratch_prefix = contextvars.ContextVar("chute_scratch_prefix", default="chute-unpack-")
+
+
+@contextlib.contextmanager
+def scratch_named(prefix: str) -> Iterator[None]:
+    """Names the temporary folders made meanwhile (see :func:`make_scratch_dir`): a
+    conversion names them after its output, so a later one can remove what a killed
+    one left."""
+    token = _scratch_prefix.set(prefix)
+    try:
+        yield
+    finally:
+        _scratch_prefix.reset(token)
+
+
+def make_scratch_dir() -> str:
+    """A new temporary folder (in ``TMPDIR``) for what a source is unpacked to.
+
+    Example:
+        >>> with scratch_named("chute-unpack-doc-"):
+        ...     folder = make_scratch_dir()
+        >>> os.path.basename(folder).startswith("chute-unpack-doc-"), os.rmdir(folder)
+        (True, None)
+    """
+    return tempfile.mkdtemp(prefix=_scratch_prefix.get())

@@ -4,9 +4,12 @@ Image-classification datasets on the Hugging Face Hub are Parquet files
 (``data/train-00000-of-00003.parquet``, or ``CONFIG/train/0000.parquet`` in the
 Hub's converted branch) with an ``image`` column (a ``{bytes, path}`` struct)
 and a ``label`` column; the class names are in the schema's ``huggingface``
-metadata (a ``ClassLabel`` feature). The split of a file comes from its name,
-else from the folder it is in (``train``, ``validation``/``val``/``valid``,
-``test``).
+metadata (a ``ClassLabel`` feature; string labels are looked up in its names).
+The split of a file comes from its name, else from the folder it is in
+(``train``, ``validation``/``val``/``valid``, ``test``). A dataset repository
+cloned from the Hub (``README.md``, ``assets/preview.png``, ``data/*.parquet``)
+is read from its ``data/`` folder (or its configuration folders), not taken for
+a tree of class folders because of its card's pictures.
 
 Parquet has no random access to one row, so the files are read once, batch by
 batch with pyarrow (memory stays flat): every image's bytes go into one
@@ -30,7 +33,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +45,7 @@ from chute.ingest.sources.base import (
     Item,
     Source,
     class_names_of,
+    make_scratch_dir,
 )
 from chute.ingest.sources.members import TAR, Member
 
@@ -53,13 +56,16 @@ BATCH_ROWS = 256  # rows read at a time: a few MB of images in memory, whatever 
 DISK_RESERVE = 256 << 20  # free space left on the temporary folder's disk
 _SPLIT_WORDS = {**SPLIT_ALIASES, "valid": "val", "dev": "val"}
 _TOKEN = re.compile(r"[A-Za-z]+")
+HUB_DATA = "data"  # where a dataset repository on the Hub keeps its data files
+CARD_BYTES = 64 << 10  # read of a README.md for its YAML header
 
 
 def is_parquet_source(path: str) -> bool:
-    """A ``.parquet`` file, or a folder holding Parquet files and no image files."""
+    """A ``.parquet`` file, a folder holding Parquet files and no image files, or a Hugging
+    Face dataset repository cloned (see :func:`files_of`)."""
     if path.lower().endswith(".parquet"):
         return True
-    return storage.isdir(path) and bool(_parquet_files(path))
+    return storage.isdir(path) and bool(files_of(path))
 
 
 def _parquet_files(folder: str) -> list[str]:
@@ -78,6 +84,50 @@ def _parquet_files(folder: str) -> list[str]:
             if name.lower().endswith(".parquet"):
                 found.append(storage.join(dirpath, name))
     return sorted(found)
+
+
+def files_of(source: str) -> list[str]:
+    """The Parquet files a source is read from: the file, or those under the folder; in a
+    Hugging Face dataset repository cloned, whose card's pictures (``assets/*.png``) would
+    otherwise make it a tree of class folders, those of its data folders (see
+    :func:`_hub_files`)."""
+    if not storage.isdir(source):
+        return [source]
+    return _parquet_files(source) or _hub_files(source)
+
+
+def _hub_files(folder: str) -> list[str]:
+    """The Parquet files of a folder in the Hub's repository layout: its ``data/`` folder
+    of Parquet files, else, when its ``README.md`` is a dataset card (``configs:`` or
+    ``dataset_info:`` in its YAML header), its configuration folders (top-level folders of
+    Parquet files and no image). None otherwise: a tree of class folders."""
+    data = storage.join(folder, HUB_DATA)
+    if storage.isdir(data) and (found := _parquet_files(data)):
+        log.info("%s: a Hugging Face dataset repository: reading %s/", folder, HUB_DATA)
+        return found
+    if not _is_dataset_card(storage.join(folder, "README.md")):
+        return []  # a tree of class folders: not one folder listed more
+    tops = [storage.join(folder, name) for name in storage.listdir(folder)]
+    found = [
+        path
+        for top in tops
+        if not storage.basename(top).startswith(".") and storage.isdir(top)
+        for path in _parquet_files(top)
+    ]
+    if found:
+        log.info("%s: a Hugging Face dataset repository: reading its Parquet folders", folder)
+    return sorted(found)
+
+
+def _is_dataset_card(path: str) -> bool:
+    """Whether ``path`` is a Hub dataset card: a README.md whose YAML header declares the
+    dataset's configurations or features."""
+    if not storage.exists(path):
+        return False
+    with storage.open_file(path) as handle:
+        head = handle.read(CARD_BYTES).decode("utf-8", "replace")
+    header = re.match(r"---\s*\n(.*?)\n---", head, re.DOTALL)
+    return bool(header and re.search(r"^(configs|dataset_info):", header.group(1), re.M))
 
 
 def split_of(path: str) -> str | None:
@@ -134,9 +184,65 @@ def _columns(schema: Any, image_column: str | None, label_column: str | None, pa
                 f"`{argument}`: {path} has columns {names}; {what}. Received: "
                 f"{argument}={given!r} (pass --{argument.replace('_', '-')} NAME)"
             )
+    _check_kinds(schema, image, label, image_column, label_column, path)
     feature = features.get(label) if isinstance(features.get(label), dict) else {}
     class_names = feature.get("names") if feature.get("_type") == "ClassLabel" else None
     return image, label, class_names
+
+
+def _holds_images(kind: Any) -> bool:
+    """Whether a column of Arrow type ``kind`` can hold encoded images: bytes, or the
+    Hub's ``{bytes, path}`` struct (null: every row is rejected, with its reason)."""
+    import pyarrow as pa
+
+    binary = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
+    if pa.types.is_null(kind) or any(test(kind) for test in binary):
+        return True
+    if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+        inner = kind.field("bytes").type
+        return pa.types.is_null(inner) or any(test(inner) for test in binary)
+    return False
+
+
+def _holds_labels(kind: Any) -> bool:
+    """Whether a column of Arrow type ``kind`` can hold labels: not bytes, not nested."""
+    import pyarrow as pa
+
+    return not (
+        pa.types.is_nested(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+    )
+
+
+def _check_kinds(schema: Any, image: str, label: str, image_column, label_column, path):
+    """Refuses columns that cannot be what they are asked to be, before any row is read.
+
+    Raises:
+        ChuteError: one column for both, images in a column of numbers, labels in a
+            column of images.
+    """
+    if image == label:
+        argument = "label_column" if label_column else "image_column"
+        raise ChuteError(
+            f"`{argument}`: the image and the label must be two columns; both are {image!r}. "
+            f"Received: image_column={image_column!r}, label_column={label_column!r} "
+            f"({path} has columns {schema.names}; pass --image-column NAME and "
+            "--label-column NAME)"
+        )
+    for argument, column, given, fits, what in (
+        ("image_column", image, image_column, _holds_images, "images (bytes or {bytes, path})"),
+        ("label_column", label, label_column, _holds_labels, "labels (integers or strings)"),
+    ):
+        kind = schema.field(column).type
+        if not fits(kind):
+            found = "" if given else f" (found by its name or metadata: {column!r})"
+            raise ChuteError(
+                f"`{argument}`: column {column!r} of {path} holds {kind}, not {what}. "
+                f"Received: {argument}={given!r}{found}; pass "
+                f"--{argument.replace('_', '-')} NAME (columns: {schema.names})"
+            )
 
 
 def scan_parquet(
@@ -156,7 +262,7 @@ def scan_parquet(
             that is not Parquet.
     """
     pq = _pyarrow()
-    files = _parquet_files(source) if storage.isdir(source) else [source]
+    files = files_of(source)
     # a split named inside the source: by the file, or its folders below the source
     splits = [
         split_of(os.path.relpath(f, source) if f != source else storage.basename(f)) for f in files
@@ -168,7 +274,7 @@ def scan_parquet(
             f"({unnamed}). Received: source={source!r}; name every file train-*, "
             "validation-* or test-*, or none"
         )
-    temp_dir = tempfile.mkdtemp(prefix="chute-parquet-")
+    temp_dir = make_scratch_dir()
     try:
         return _read_all(pq, source, files, splits, temp_dir, image_column, label_column,
                          max_pixels, progress)  # fmt: skip
@@ -247,13 +353,19 @@ def _source(source, files, rows, named, presplit: bool, temp_dir: str) -> Source
         if target is None:
             rejects.append({"key": key, "reason": "missing label"})
             continue
-        if named is not None:
+        if named is not None:  # a class index, or a name the metadata lists (string labels)
             valid = isinstance(target, int) and not isinstance(target, bool)
-            if not valid or not 0 <= target < len(class_names):
-                reason = f"label {target!r} is not a class index from 0 to {len(class_names) - 1}"
+            if valid and 0 <= target < len(class_names):
+                label = target
+            elif isinstance(target, str) and target in index:
+                label = index[target]
+            else:
+                reason = (
+                    f"label {target!r} is not a class index from 0 to "
+                    f"{len(class_names) - 1}, nor a class name of the file's metadata"
+                )
                 rejects.append({"key": key, "reason": reason})
                 continue
-            label = target
         else:
             label = index[str(target)]
         items.append(Item(key, label, split, None, len(found)))

@@ -7,9 +7,12 @@ so it is read once as a stream: its image members are copied into one
 temporary file (their :class:`~chute.ingest.members.Member` points there) and
 small label members kept in memory. That costs one pass of decompression and
 the images' size on disk, never a pass per member. Unpacking refuses an
-archive that expands more than 1000-fold (beyond 256 MiB), checks free disk
-space before each member, and does not copy a member larger than an image
-within ``max_pixels`` can be (the worker rejects it from its size).
+archive whose data expands more than 1000-fold (beyond 256 MiB), counted on
+the bytes decompressed, whether kept or skipped, not on what headers claim: a
+header claiming more than the archive holds rejects only its member, as in a
+plain tar. It checks free disk space before each member, and does not copy a
+member larger than an image within ``max_pixels`` can be (the worker rejects it
+from its size).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import logging
 import os
 import shutil
 import tarfile
-import tempfile
 from collections.abc import Callable
 from typing import IO
 
@@ -35,7 +37,7 @@ from chute.ingest.sources.archives import (
     remove,
     resolve,
 )
-from chute.ingest.sources.base import LABEL_EXTENSIONS, ProgressFn, is_image
+from chute.ingest.sources.base import LABEL_EXTENSIONS, ProgressFn, is_image, make_scratch_dir
 from chute.ingest.sources.members import TAR, Member
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ def list_tar(
         if not compressed:
             return _list_plain_tar(path, handle)
         made = temp_dir is None
-        temp_dir = tempfile.mkdtemp(prefix="chute-unpack-") if made else temp_dir
+        temp_dir = make_scratch_dir() if made else temp_dir
         try:
             return _unpack_tar(path, handle, max_pixels, progress, temp_dir)
         except BaseException:
@@ -196,6 +198,7 @@ def _unpack_tar(
         raise _not_a_tar(path, error) from None
 
     with open(data_path, "wb") as out:
+        read: list[tarfile.TarInfo] = []  # the current member, once its data is read
 
         def member(name: str, info: tarfile.TarInfo) -> Entry:
             if not is_image(name) and name.lower().rsplit(".", 1)[-1] not in LABEL_EXTENSIONS:
@@ -203,6 +206,7 @@ def _unpack_tar(
             if not is_image(name):  # a label: small, kept in memory
                 if info.size > SMALL_MEMBER:
                     return Entry(name, reject=f"too large for a label ({info.size} bytes)")
+                read.append(info)
                 return Entry(name, data=_read_all(archive, info))
             if info.size > limit:  # rejected by the worker's size guard, never unpacked
                 return Entry(name, Member(data_path, TAR, info.name, -1, info.size))
@@ -213,7 +217,8 @@ def _unpack_tar(
                     "the archive and convert the folder"
                 )
             offset = out.tell()
-            copied = _copy(archive, info, out)
+            read.append(info)
+            copied = _copy(archive, info, out, budget)
             if copied < info.size:  # the archive ended inside it: the worker says truncated
                 raise _Truncated(Entry(name, Member(data_path, TAR, info.name, offset, info.size)))
             return Entry(name, Member(data_path, TAR, info.name, offset, info.size))
@@ -223,21 +228,24 @@ def _unpack_tar(
                 info = archive.next()
                 if info is None:
                     break
-                if info.offset_data + info.size > budget:
-                    raise ChuteError(
-                        f"`source` expands more than {UNPACK_RATIO}-fold ({packed} bytes "
-                        f"packed, a member ends at byte {info.offset_data + info.size}): a "
-                        f"compression bomb? Received: source={path!r}"
-                    )
                 archive.members = []
+                read.clear()
                 _add_tar_member(
                     info, path, files, folders, rejects, lambda name, i=info: member(name, i)
                 )
+                if not read and (info.isreg() or info.type not in tarfile.SUPPORTED_TYPES):
+                    _skip(archive, info, budget)  # data left unread: decompressed, counted
             except _Truncated as cut:
                 files[cut.entry.name] = cut.entry
                 log.warning("%s ends inside member %s: members after it are missing",
                             path, cut.entry.member.name)  # fmt: skip
                 break
+            except _Bomb as bomb:
+                raise ChuteError(
+                    f"`source` expands more than {UNPACK_RATIO}-fold ({packed} bytes packed, "
+                    f"its data reaches byte {bomb.end}): a compression bomb? Received: "
+                    f"source={path!r}"
+                ) from None
             except ChuteError:
                 raise
             except (tarfile.TarError, OSError, EOFError, ValueError) as error:
@@ -259,16 +267,47 @@ def _read_all(archive: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
     return source.read() if source is not None else b""
 
 
-def _copy(archive: tarfile.TarFile, info: tarfile.TarInfo, out: IO[bytes]) -> int:
-    """Copies a member's data to ``out``; returns how much there was (less: truncated)."""
+class _Bomb(Exception):
+    """The data read reaches past the budget: the byte it reached."""
+
+    def __init__(self, end: int):
+        super().__init__(end)
+        self.end = end
+
+
+def _copy(archive: tarfile.TarFile, info: tarfile.TarInfo, out: IO[bytes], budget: int) -> int:
+    """Copies a member's data to ``out``; returns how much there was (less: truncated).
+
+    Raises:
+        _Bomb: the data reaches past byte ``budget`` of the unpacked stream.
+    """
     source = archive.extractfile(info)
     copied = 0
     if source is None:
         return 0
     try:
         while block := source.read(1 << 20):
-            out.write(block)
             copied += len(block)
+            if info.offset_data + copied > budget:
+                raise _Bomb(info.offset_data + copied)
+            out.write(block)
     except (tarfile.TarError, OSError, EOFError) as error:
         log.warning("reading %s: %s", info.name, members_lib.describe_error(error))
     return copied
+
+
+def _skip(archive: tarfile.TarFile, info: tarfile.TarInfo, budget: int) -> None:
+    """Reads past a member's data, unkept (what tarfile would skip unseen): a member whose
+    header claims more than is there costs nothing; one whose data is really there counts
+    toward the budget.
+
+    Raises:
+        _Bomb: the data reaches past byte ``budget`` of the unpacked stream.
+        tarfile.TarError: the archive ends inside the member.
+    """
+    source = archive.extractfile(info)
+    done = 0
+    while source is not None and (block := source.read(1 << 20)):
+        done += len(block)
+        if info.offset_data + done > budget:
+            raise _Bomb(info.offset_data + done)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 
 from chute.errors import ChuteError
 from chute.format import storage
@@ -48,6 +47,7 @@ from chute.ingest.sources.base import (
     ProgressFn,
     Source,
     class_names_of,
+    make_scratch_dir,
 )
 
 IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)
@@ -155,7 +155,7 @@ def scan_pattern(pattern: str, *, max_pixels: int, progress: ProgressFn | None =
         names = paths
     sizes = [storage.size(path) for path in paths]
     total = sum(sizes)
-    temp_dir = tempfile.mkdtemp(prefix="chute-unpack-")
+    temp_dir = make_scratch_dir()
     try:
         shards = []
         for number, (name, path) in enumerate(zip(names, paths, strict=True)):
