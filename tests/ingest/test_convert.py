@@ -616,8 +616,13 @@ def test_class_whose_images_are_all_unreadable_is_an_error_or_a_warning(tmp_path
         with pytest.raises(ChuteError, match="zzbroken"):
             chute.convert(src, out, workers=1, **options)
         assert not (out / "manifest.json").exists()
-        leftovers = list(out.rglob("*")) if out.exists() else []
-        assert leftovers == []
+        # no shard, no work folder: only the list of what was refused, and why (kept)
+        assert sorted(out.rglob("*")) == [out / "rejects.csv"]
+        rejected = (out / "rejects.csv").read_text().splitlines()[1:]
+        assert sorted(row.split(",")[0] for row in rejected) == [
+            "zzbroken/000.png",
+            "zzbroken/001.png",
+        ]
         return
     # known only when decoding, after the split: the shards stay, the manifest warns
     result = chute.convert(src, out, workers=1, **options)
@@ -744,3 +749,43 @@ def test_a_class_that_loses_its_training_images_while_decoding_is_kept_and_repor
     assert len(manifest.warnings) == 1 and "['c']" in manifest.warnings[0]
     assert chute.verify(out).ok
     assert "warning:" in chute.inspect(out)
+
+
+def test_classes_refused_before_any_shard_show_why_and_keep_rejects_csv(tmp_path):
+    """'Check the rejects listed in the log', and nothing was listed: the error now gives
+    each class's first reasons, and rejects.csv (kept) lists every refused input."""
+    src = make_folder(tmp_path / "src", {"a": 6})
+    for name in ("b", "c"):
+        (src / name).mkdir()
+        for i in range(4):
+            (src / name / f"{i}.png").write_bytes(b"not an image at all " * (i + 1))
+    out = tmp_path / "out"
+    with pytest.raises(ChuteError) as caught:
+        chute.convert(src, out, workers=1)
+    message = str(caught.value)
+    assert "2 class(es) have no usable training image: 'b', 'c'" in message
+    assert "'b': 4 refused, b/0.png: " in message and "(and 1 more)" in message
+    assert "'c': 4 refused, c/0.png: " in message
+    assert f"All 8 refused inputs are listed in {out / 'rejects.csv'}" in message
+    rows = (out / "rejects.csv").read_text().splitlines()
+    assert rows[0] == "key,reason" and len(rows) == 9
+    assert sorted(p.name for p in out.iterdir()) == ["rejects.csv"]  # no shard, no lock
+    for name in ("b", "c"):  # fixed: the same command into the same folder now runs
+        for i in range(4):
+            write_image(src / name / f"{i}.png", seed=50 + i)
+    assert chute.convert(src, out, workers=1).manifest.num_examples("train") == 14
+
+
+def test_a_class_whose_archive_members_are_refused_names_their_reason(tmp_path):
+    import zipfile
+
+    src = make_folder(tmp_path / "src", {"a": 4})
+    with zipfile.ZipFile(tmp_path / "data.zip", "w") as archive:
+        for path in sorted(src.rglob("*.png")):
+            archive.write(path, f"data/{path.relative_to(src)}")
+        archive.writestr("data/b/../../evil.png", b"x")  # refused while scanning
+        archive.writestr("data/b/", b"")
+    with pytest.raises(ChuteError) as caught:
+        chute.convert(tmp_path / "data.zip", tmp_path / "out", workers=1)
+    assert "'b'" in str(caught.value)
+    assert "rejects.csv" in str(caught.value)

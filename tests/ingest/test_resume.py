@@ -369,3 +369,157 @@ def test_a_changed_source_is_named_on_a_rerun_of_a_finished_output(src, tmp_path
     assert "changed c/002.png" in message
     result = chute.convert(src, out, workers=1, overwrite=True, **OPTIONS)
     assert not result.already_done and result.manifest.source["num_items"] == 40
+
+
+# -- a resume checks what it keeps; a source is one source however it is named ------------
+
+
+def test_a_resume_writes_again_the_shards_whose_files_changed(src, tmp_path, monkeypatch):
+    """A resume used to keep a finished shard whose image was overwritten since: the old
+    pixels stayed, and source-files.csv listed the new file, so nothing flagged it."""
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 4)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    first = "train-00000-of-00004.tfrecord"
+    os.utime(out / first, ns=(OLD_NS, OLD_NS))
+    from helpers import read_records, write_image
+
+    key = read_records(out / first)[0]["key"]
+    write_image(src / key, seed=4242)  # the same name, new pixels
+    result = chute.convert(src, out, workers=1, **OPTIONS)
+    assert result.resumed_shards == 2  # shards 1 and 2 kept, shard 0 written again
+    assert (out / first).stat().st_mtime_ns != OLD_NS
+    fresh = tmp_path / "fresh"
+    chute.convert(src, fresh, workers=1, **OPTIONS)
+    assert tree_bytes(out) == tree_bytes(fresh)
+    assert chute.convert(src, out, workers=1, **OPTIONS).already_done
+
+
+def test_a_source_spelled_another_way_is_the_same_source(src, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 2)
+        with pytest.raises(Crash):
+            chute.convert(src, out, workers=1, **OPTIONS)
+    monkeypatch.chdir(src.parent)
+    result = chute.convert("./src/", out, workers=1, **OPTIONS)  # resumes, from elsewhere
+    assert result.resumed_shards == 1
+    assert result.manifest.source["location"] == str(src)
+    for spelling in ("src", "src/", str(src), f"{src}/", "../" + src.parent.name + "/src"):
+        assert chute.convert(spelling, out, workers=1, **OPTIONS).already_done, spelling
+
+
+def test_a_hub_dataset_reruns_and_resumes_by_its_name(tmp_path, monkeypatch):
+    """hf:OWNER/NAME was compared as the folder it was downloaded to: every re-run was
+    refused as 'a conversion with other options'."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from chute.ingest.sources import parquet
+
+    images = make_folder(tmp_path / "images", {"a": 14, "b": 14, "c": 12})
+    files = sorted(images.rglob("*.png"))
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({
+        "image": pa.array([{"bytes": f.read_bytes(), "path": f.name} for f in files], struct),
+        "label": pa.array([f.parent.name for f in files]),
+    })  # fmt: skip
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "data").mkdir(parents=True)
+    pq.write_table(table, snapshot / "data" / "train-00000-of-00001.parquet")
+    monkeypatch.setattr(parquet, "download", lambda name: str(snapshot))
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, 2)
+        with pytest.raises(Crash):
+            chute.convert("hf:someone/glyphs", out, workers=1, **OPTIONS)
+    result = chute.convert("hf:someone/glyphs", out, workers=1, **OPTIONS)
+    assert result.resumed_shards == 1
+    assert result.manifest.source["location"] == "hf:someone/glyphs"
+    assert chute.convert("hf:someone/glyphs", out, workers=1, **OPTIONS).already_done
+
+
+def _tar_gz(src: Path, path: Path) -> Path:
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as archive:
+        archive.add(src, arcname="src")
+    return path
+
+
+def test_the_lock_and_the_nothing_to_do_check_come_before_unpacking(src, tmp_path, monkeypatch):
+    from chute.ingest.sources import tars
+
+    archive = _tar_gz(src, tmp_path / "src.tar.gz")
+    out = tmp_path / "out"
+    chute.convert(archive, out, workers=1, **OPTIONS)
+    unpacked = []
+    real = tars.list_tar
+    monkeypatch.setattr(tars, "list_tar", lambda *a, **k: unpacked.append(a) or real(*a, **k))
+    assert chute.convert(archive, out, workers=1, **OPTIONS).already_done
+    with resume.locked(str(out)), pytest.raises(ChuteError, match="Another chute convert"):
+        chute.convert(archive, out, workers=1, overwrite=True, **OPTIONS)
+    assert unpacked == []  # neither run unpacked the archive
+    os.utime(archive, ns=(OLD_NS, OLD_NS))  # a changed archive is scanned, and named
+    with pytest.raises(ChuteError, match="`source` changed"):
+        chute.convert(archive, out, workers=1, **OPTIONS)
+    assert len(unpacked) == 1
+
+
+def test_a_failed_scan_leaves_no_output_folder_behind(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ChuteError):
+        chute.convert(tmp_path / "empty", tmp_path / "out", workers=1)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_temporary_unpack_folders_go_on_sigterm_and_after_kill_9(tmp_path):
+    big = make_folder(tmp_path / "big", {"a": 400, "b": 400}, size=(24, 24))
+    archive = _tar_gz(big, tmp_path / "big.tar.gz")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = tmp_path / "out"
+    env = dict(os.environ, TMPDIR=str(scratch))
+    command = [sys.executable, "-m", "chute", "convert", str(archive), str(out),
+               "--workers", "1", "--min-shards", "40", "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(_work(out).glob("*.tfrecord.json")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no shard was written in time"
+            time.sleep(0.005)
+        assert list(scratch.iterdir()), "the archive was not unpacked into TMPDIR"
+        proc.terminate()
+        assert proc.wait(timeout=60) in (143, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert "Traceback" not in proc.stderr.read().decode()
+    assert list(scratch.iterdir()) == []  # SIGTERM: cleaned up on the way out
+
+    # kill -9 cleans nothing: the folder left is named after OUT and a dead process
+    stale = scratch / f"{resume.scratch_prefix(str(out)).rsplit('-', 2)[0]}-999999999-x"
+    stale.mkdir()
+    (stale / "data").write_bytes(b"x" * 1000)
+    other = scratch / "chute-unpack-0123456789ab-999999999-x"  # another output's: kept
+    other.mkdir()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in scratch.iterdir()) == [other.name]
+
+
+def test_an_archive_whose_name_is_not_utf8_converts_and_reruns(src, tmp_path):
+    import tarfile
+
+    archive = tmp_path / os.fsdecode(b"caf\xe9.tar")
+    with tarfile.open(archive, "w") as packed:
+        packed.add(src, arcname="src")
+    out = tmp_path / "out"
+    result = chute.convert(archive, out, workers=1, **OPTIONS)
+    assert result.manifest.source["location"].endswith("caf\\xe9.tar")
+    assert "caf\\xe9.tar" in (out / "source-files.csv").read_text(encoding="utf-8")
+    assert chute.convert(archive, out, workers=1, **OPTIONS).already_done

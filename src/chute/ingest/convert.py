@@ -29,6 +29,8 @@ import hashlib
 import json
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -43,7 +45,8 @@ from chute.ingest import layout, resume, sources, writer
 from chute.ingest import workers as worker_pool
 from chute.ingest.encode import Encoded
 from chute.ingest.options import ConvertOptions
-from chute.ingest.split import LeakGuard, split_items
+from chute.ingest.sources.base import scratch_named
+from chute.ingest.split import LeakGuard, NoTrainingImages, split_items
 
 if TYPE_CHECKING:
     from chute.ingest.beam import BeamJob
@@ -152,26 +155,55 @@ def convert(
     with contextlib.ExitStack() as stack:
         # No cycles worth collecting are made here; a full collection walks every object.
         stack.enter_context(collector.paused())
-        # closing the source deletes what a compressed tar was unpacked to
-        found = stack.enter_context(_scan(source, output, options, allow_outside, progress))
-        if beam is not None:
-            beam.check_source(found)
-        files = resume.listing(found)
+        stack.enter_context(_terminated_as_exit())  # SIGTERM unwinds: temporary files go
+        # the lock and the "nothing to do" check come before any scan, which may unpack
         stack.enter_context(resume.locked(output))
-        done = resume.existing_state(source, output, options, overwrite, files)
+        done = None if overwrite else resume.finished_before_scan(
+            source, output, options, sources.container_files(source)
+        )  # fmt: skip
+        if done is None:
+            resume.remove_stale_scratch(output)
+            # closing the source deletes what a compressed tar was unpacked to
+            found = stack.enter_context(_scan(source, output, options, allow_outside, progress))
+            if beam is not None:
+                beam.check_source(found)
+            files = resume.listing(found)
+            done = resume.existing_state(source, output, options, overwrite, files)
         if done is not None:
             log.info("%s already holds this conversion; nothing to do", output)
             resume.remove_work_dir(output)
             return ConvertResult(done, output, already_done=True)
         processes = workers if len(found.items) > ENCODE_CHUNK else 1
         pool = stack.enter_context(worker_pool.start_pool(processes, on_crash=_crashed))
-        plan = _plan(found, options, output, pool, progress)
+        plan = _plan(source, found, options, output, pool, progress)
         backend = _LocalWorkers(pool) if beam is None else _OnBeam(beam, pool)
-        written = _write(plan, backend, progress)
+        written = _write(plan, files, backend, progress)
         manifest = _finish(plan, written, files)
     return ConvertResult(
         manifest, output, resumed_shards=written.resumed, seconds=time.perf_counter() - started
     )
+
+
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """While converting, SIGTERM (a job scheduler, ``kill``) exits through the normal
+    unwinding (status 143), so worker processes stop and temporary folders are deleted;
+    only in the main thread, and only where SIGTERM's default (die at once) is in force."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # -- checks before any work ---------------------------------------------------------------
@@ -218,16 +250,18 @@ def _scan(
     allow_outside: bool,
     progress: ProgressFn | None,
 ) -> sources.Source:
-    """The source's items and class names, once ``output`` is known to be writable."""
+    """The source's items and class names, once ``output`` is known to be writable; what
+    a compressed tar or Parquet files are unpacked to is named after ``output``."""
     storage.check_output(output, "output")
-    found = sources.scan(
-        source,
-        allow_outside=allow_outside,
-        max_pixels=options.max_pixels,
-        progress=progress,
-        image_column=options.image_column,
-        label_column=options.label_column,
-    )
+    with scratch_named(resume.scratch_prefix(output)):
+        found = sources.scan(
+            source,
+            allow_outside=allow_outside,
+            max_pixels=options.max_pixels,
+            progress=progress,
+            image_column=options.image_column,
+            label_column=options.label_column,
+        )
     log.info(
         "%s: %d images in %d classes (%s)",
         source,
@@ -281,6 +315,7 @@ def _crashed(function: str, task: tuple, code: int) -> list:
 class _Plan:
     """What a conversion writes, fixed before any image is encoded."""
 
+    source: str  # as the user named it, normalised (resume.source_identity)
     found: sources.Source
     options: ConvertOptions
     output: str
@@ -290,6 +325,7 @@ class _Plan:
 
 
 def _plan(
+    source: str,
     found: sources.Source,
     options: ConvertOptions,
     output: str,
@@ -312,19 +348,52 @@ def _plan(
         for i, p in enumerate(probes or [])
         if p.reject
     ]
-    split = split_items(
-        found.items,
-        [p.reject is None for p in probes] if probes else [True] * len(found.items),
-        found.class_names,
-        val_fraction=options.val_fraction,
-        test_fraction=options.test_fraction,
-        seed=options.seed,
-    )
+    try:
+        split = split_items(
+            found.items,
+            [p.reject is None for p in probes] if probes else [True] * len(found.items),
+            found.class_names,
+            val_fraction=options.val_fraction,
+            test_fraction=options.test_fraction,
+            seed=options.seed,
+        )
+    except NoTrainingImages as error:
+        raise _why_no_images(error.classes, found, rejects, output) from None
     if probes is None and spec.encoding != "raw":
         step = max(1, len(found.items) // _SIZE_SAMPLE)  # enough to estimate shard sizes
         probes = _probe(found, everything[::step], options, pool, None)
     shards = layout.plan_shards(split.indices, layout.bytes_per_record(spec, probes or []), options)
-    return _Plan(found, options, output, spec, shards, rejects)
+    return _Plan(resume.source_identity(source), found, options, output, spec, shards, rejects)
+
+
+def _why_no_images(
+    classes: list[str], found: sources.Source, rejects: list[dict], output: str
+) -> NoTrainingImages:
+    """The error for classes left without a training image, with the first reasons their
+    images were refused; every reject goes to ``OUT/rejects.csv``, which is kept."""
+    label_of = {item.key: item.label for item in found.items}
+    names = set(classes)
+
+    def class_of(key: str) -> str | None:
+        if key in label_of:
+            return found.class_names[label_of[key]]
+        return next((part for part in key.split("/") if part in names), None)
+
+    shown = []
+    for name in classes[:5]:
+        theirs = [r for r in rejects if class_of(r["key"]) == name]
+        if not theirs:
+            shown.append(f"{name!r}: no image found")
+            continue
+        first = "; ".join(f"{r['key']}: {r['reason']}" for r in theirs[:3])
+        more = f" (and {len(theirs) - 3} more)" if len(theirs) > 3 else ""
+        shown.append(f"{name!r}: {len(theirs)} refused, {first}{more}")
+    reasons = ". " + ". ".join(shown)
+    if rejects:
+        resume.write_rejects(output, sorted(rejects, key=lambda r: r["key"]))
+        where = storage.join(output, resume.REJECTS_NAME)
+        reasons += f". All {len(rejects)} refused inputs are listed in {where}"
+    return NoTrainingImages(classes, reasons)
 
 
 # -- write --------------------------------------------------------------------------------
@@ -357,14 +426,19 @@ class _Tally:
         self.infos[shard.name] = note
 
 
-def _write(plan: _Plan, backend: _LocalWorkers | _OnBeam, progress: ProgressFn | None) -> _Tally:
+def _write(
+    plan: _Plan,
+    files: list[tuple[str, int, int]],
+    backend: _LocalWorkers | _OnBeam,
+    progress: ProgressFn | None,
+) -> _Tally:
     """Writes the shards no earlier run finished, and adds up every shard's note.
 
     Each note records, per item, its content hash and fate (kept, dropped as a
     leak, or the reject reason), so a resumed run rebuilds the same LeakGuard,
     fingerprint and rejects without reading those images again.
     """
-    notes = _start_writing(plan, check_sha256=backend.check_sha256)
+    notes = _start_writing(plan, files, check_sha256=backend.check_sha256)
     tally = _Tally(plan.found, resumed=sum(note is not None for note in notes.values()))
     total, finished = sum(len(shard.indices) for shard in plan.shards), 0
     for shard, note, replay in backend.write(plan, notes, tally.guard):
@@ -375,26 +449,36 @@ def _write(plan: _Plan, backend: _LocalWorkers | _OnBeam, progress: ProgressFn |
     return tally
 
 
-def _start_writing(plan: _Plan, *, check_sha256: bool) -> dict[str, dict | None]:
+def _start_writing(
+    plan: _Plan, files: list[tuple[str, int, int]], *, check_sha256: bool
+) -> dict[str, dict | None]:
     """Stamps the work folder with the plan; returns each shard's note from an earlier
     run of the same plan (None for the shards to write). ``check_sha256``: re-read a
-    finished shard to check it (else its size is checked)."""
+    finished shard to check it (else its size is checked). A kept shard that holds a
+    source file changed since that run (``files``, the listing now) is written again."""
     items = plan.found.items
     assignment = [
         [s.name, [(items[i].key, items[i].label) for i in s.indices]] for s in plan.shards
     ]
     stamp = {
-        "source": plan.found.location,
+        "source": plan.source,
         "options": plan.options.to_dict(),
         "layout": hashlib.sha256(json.dumps(assignment).encode()).hexdigest(),
         "spec": plan.spec.to_dict(),
     }
     resume.start_work(plan.output, stamp)
     resume.remove_orphans(plan.output, {shard.name for shard in plan.shards})
-    notes = {
-        shard.name: writer.load_note(plan.output, shard.name, check_sha256=check_sha256)
-        for shard in plan.shards
-    }
+    changed = resume.changed_since_start(plan.output, files)
+    # a listing of containers (archives, Parquet files) names no item: any change is all
+    everything = bool(changed - {item.key for item in items})
+    notes = {}
+    for shard in plan.shards:
+        note = writer.load_note(plan.output, shard.name, check_sha256=check_sha256)
+        if note is not None and (everything or any(items[i].key in changed for i in shard.indices)):
+            log.info("%s holds source files changed since it was written: writing it again",
+                     shard.name)  # fmt: skip
+            note = None
+        notes[shard.name] = note
     kept = sum(note is not None for note in notes.values())
     if kept:
         log.info("resuming: %d of %d shards were already complete", kept, len(plan.shards))
@@ -517,7 +601,7 @@ def _manifest(plan: _Plan, written: _Tally) -> manifest_lib.Manifest:
         splits=splits,
         options=plan.options.to_dict(),
         source={
-            "location": found.location,
+            "location": plan.source,
             "kind": found.kind,
             "fingerprint": fingerprint.hexdigest(),
             "num_items": len(found.items),

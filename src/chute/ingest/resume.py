@@ -9,6 +9,12 @@ the same ``OUT`` stops at once) and ``OUT/.chute-work`` holds the plan's stamp
 (after checking their sha256) and redoes the rest.
 A re-run on a finished ``OUT`` compares the source's files with
 ``source-files.csv``: unchanged, it is a no-op; changed, it names what changed.
+A resumed run compares them with the listing its interrupted run started from
+(``.chute-work/source-files.csv``): a shard holding a changed file is written again.
+
+Sources are compared as the user named them, normalised (:func:`source_identity`):
+``src``, ``src/`` and its absolute path are one source, ``hf:OWNER/NAME`` is itself,
+not the folder it was downloaded to.
 """
 
 from __future__ import annotations
@@ -16,11 +22,14 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime
+import hashlib
 import io
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 
 from chute.errors import ChuteError
@@ -42,13 +51,25 @@ _PLAN = "plan.json"
 @contextlib.contextmanager
 def locked(output: str) -> Iterator[None]:
     """Holds ``OUT/.chute-lock`` while a conversion writes into ``output`` (created if
-    needed). A lock left by a process that is gone (same machine) is taken over.
+    needed, and removed again if it is left empty). A lock left by a process that is
+    gone (same machine) is taken over.
 
     Raises:
         ChuteError: another conversion is writing into ``output``.
     """
     storage.check_output(output, "output")
+    made = not storage.exists(output)
     storage.makedirs(output)
+    try:
+        with _lock_file(output):
+            yield
+    finally:
+        if made and storage.exists(output) and not storage.listdir(output):
+            storage.remove_if_exists(output)
+
+
+@contextlib.contextmanager
+def _lock_file(output: str) -> Iterator[None]:
     path = storage.join(output, LOCK_NAME)
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
     if not _take(path, me):
@@ -122,60 +143,151 @@ def listing(found: sources.Source) -> list[tuple[str, int, int]]:
     tells a changed source on a re-run (-1 where the filesystem does not say cheaply).
     An archive source lists its archive files (one, or every WebDataset shard)."""
     if found.containers:
-        rows = []
-        for container in found.containers:
-            size, mtime = -1, -1
-            if storage.is_local(container):
-                with contextlib.suppress(OSError):
-                    stat = os.stat(storage.local_path(container))
-                    size, mtime = stat.st_size, stat.st_mtime_ns
-            rows.append((container, size, mtime))
-        return sorted(rows)
+        return sorted(_stat_row(container) for container in found.containers)
     if found.kind in ("npz", "keras") or not found.items or found.items[0].path is None:
-        location = found.location
-        if found.kind == "npz" and storage.is_local(location):
-            stat = os.stat(storage.local_path(location))
-            return [(location, stat.st_size, stat.st_mtime_ns)]
-        return [(location, -1, -1)]
-    rows = []
-    for item in found.items:
-        size, mtime = -1, -1
-        if storage.is_local(item.path):
-            with contextlib.suppress(OSError):
-                stat = os.stat(storage.local_path(item.path))
-                size, mtime = stat.st_size, stat.st_mtime_ns
-        rows.append((item.key, size, mtime))
-    return sorted(rows)
+        if found.kind == "npz":
+            return [_stat_row(found.location)]
+        return [(sources.text_key(found.location), -1, -1)]
+    return sorted((item.key, *_stat_row(item.path)[1:]) for item in found.items)
 
 
-def write_listing(output: str, rows: list[tuple[str, int, int]]) -> None:
-    """``source-files.csv``: the listing a re-run compares with."""
+def write_listing(output: str, rows: list[tuple[str, int, int]], folder: str = "") -> None:
+    """``source-files.csv`` (in ``folder`` of ``output``): the listing a re-run compares
+    with."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["key", "size", "mtime_ns"])
     writer.writerows(rows)
-    storage.write_atomic(storage.join(output, SOURCE_FILES), buffer.getvalue().encode())
+    where = storage.join(output, folder) if folder else output
+    storage.write_atomic(storage.join(where, SOURCE_FILES), buffer.getvalue().encode())
 
 
-def _changes(output: str, rows: list[tuple[str, int, int]]) -> list[str]:
-    """What differs between the source's files now and when ``output`` was converted
-    (nothing known, for conversions made before the listing was kept)."""
-    path = storage.join(output, SOURCE_FILES)
+def _read_listing(path: str) -> dict[str, tuple[int, int]] | None:
     if not storage.exists(path):
-        return []
-    before = {
+        return None
+    return {
         row[0]: (int(row[1]), int(row[2]))
         for row in list(csv.reader(io.StringIO(storage.read_bytes(path).decode())))[1:]
     }
+
+
+def _changes(output: str, rows: list[tuple[str, int, int]], folder: str = "") -> list[str]:
+    """What differs between the source's files now and when ``output`` was converted
+    (or, with ``folder`` the work folder, when the interrupted run started); nothing
+    known, for conversions made before the listing was kept."""
+    where = storage.join(output, folder) if folder else output
+    before = _read_listing(storage.join(where, SOURCE_FILES))
+    if before is None:
+        return []
+    return [f"{what} {key}" for what, key in _diff(before, rows)]
+
+
+def _diff(before: dict[str, tuple[int, int]], rows: list[tuple[str, int, int]]) -> list:
+    """``(what, key)`` for each file added, removed or changed (size or time) since
+    ``before``, in that order, each sorted by key."""
     now = {key: (size, mtime) for key, size, mtime in rows}
     added = sorted(set(now) - set(before))
     removed = sorted(set(before) - set(now))
     changed = sorted(k for k in set(now) & set(before) if now[k] != before[k])
     return (
-        [f"added {k}" for k in added]
-        + [f"removed {k}" for k in removed]
-        + [f"changed {k}" for k in changed]
+        [("added", k) for k in added]
+        + [("removed", k) for k in removed]
+        + [("changed", k) for k in changed]
     )
+
+
+def changed_since_start(output: str, rows: list[tuple[str, int, int]]) -> set[str]:
+    """Keys of the source files added, removed or changed since the interrupted run of
+    this plan started (its listing in the work folder); then this run's listing is
+    what a later resume compares with."""
+    before = _read_listing(storage.join(output, WORK_DIR, SOURCE_FILES))
+    changed = set() if before is None else {key for _, key in _diff(before, rows)}
+    write_listing(output, rows, WORK_DIR)
+    return changed
+
+
+def source_identity(source: str | os.PathLike) -> str:
+    """A source as the user named it, normalised, so that a re-run or resume recognises
+    it however it is spelled: a local path made absolute (``src``, ``src/``,
+    ``./src`` and ``/abs/src`` are one), a remote one without a trailing ``/``;
+    ``hf:`` and ``keras:`` names as they are (never the folder a download went to);
+    a name that is not UTF-8 escaped as keys are (``sources.text_key``).
+
+    Example:
+        >>> source_identity("hf:AI-Lab-Makerere/beans"), source_identity("gs://b/imgs/")
+        ('hf:AI-Lab-Makerere/beans', 'gs://b/imgs')
+        >>> source_identity("data/../src/") == os.path.abspath("src")
+        True
+    """
+    source = os.fspath(source).strip()
+    if source.startswith(("hf:", "keras:")):
+        return source
+    if storage.is_local(source):
+        return sources.text_key(os.path.abspath(storage.local_path(source)))
+    return sources.text_key(source.rstrip("/") or source)
+
+
+def finished_before_scan(
+    source: str, output: str, options: ConvertOptions, files: list[str] | None
+) -> manifest_lib.Manifest | None:
+    """The manifest of an identical finished conversion, found without scanning the
+    source: only for sources read from files whose size and time tell a change
+    (``files``: archives, Parquet, ``.npz``, WebDataset shards; None otherwise).
+    None means: scan, then :func:`existing_state` decides."""
+    if files is None or not storage.exists(storage.join(output, manifest_lib.MANIFEST_NAME)):
+        return None
+    existing = manifest_lib.load(output)
+    defaults = type(options)().to_dict()
+    same = (
+        source_identity(existing.source.get("location") or "") == source_identity(source)
+        and {**defaults, **(existing.options or {})} == options.to_dict()
+    )
+    if not same or _changes(output, [_stat_row(path) for path in files]):
+        return None
+    return existing
+
+
+def _stat_row(path: str) -> tuple[str, int, int]:
+    """``(path, size, modification time in ns)`` of a file (-1 where not known cheaply);
+    the path as a key (a name that is not UTF-8 escaped, see ``sources.text_key``)."""
+    size, mtime = -1, -1
+    if storage.is_local(path):
+        with contextlib.suppress(OSError):
+            stat = os.stat(storage.local_path(path))
+            size, mtime = stat.st_size, stat.st_mtime_ns
+    return sources.text_key(path), size, mtime
+
+
+# -- temporary folders --------------------------------------------------------------------
+
+
+def scratch_prefix(output: str) -> str:
+    """The name prefix of the temporary folders a conversion into ``output`` unpacks a
+    compressed tar or Parquet files to: ``chute-unpack-<output's tag>-<pid>-``, so that
+    a later conversion into the same ``output`` recognises (and removes) what a killed
+    one left behind."""
+    return f"{_scratch_tag(output)}{os.getpid()}-"
+
+
+def _scratch_tag(output: str) -> str:
+    digest = hashlib.sha256(source_identity(output).encode()).hexdigest()[:12]
+    return f"chute-unpack-{digest}-"
+
+
+def remove_stale_scratch(output: str) -> None:
+    """Deletes the temporary folders left by conversions into ``output`` whose process
+    is gone (killed with SIGKILL, or a machine that restarted). Call it holding the lock."""
+    tag = _scratch_tag(output)
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(root)):
+            if not name.startswith(tag):
+                continue
+            pid = name[len(tag) :].split("-", 1)[0]
+            host = {"pid": pid, "host": socket.gethostname()}
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(host):
+                log.info("removing %s, left by an interrupted conversion", name)
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def existing_state(
@@ -193,14 +305,14 @@ def existing_state(
     """
     if not storage.check_output(output, "output"):
         return None
-    wanted = {"source": source, "options": options.to_dict()}
+    wanted = {"source": source_identity(source), "options": options.to_dict()}
     defaults = type(options)().to_dict()  # options added since: their defaults were in force
     manifest_file = storage.join(output, manifest_lib.MANIFEST_NAME)
     plan_file = storage.join(output, WORK_DIR, _PLAN)
     if storage.exists(manifest_file):
         existing = manifest_lib.load(output)
         previous = {
-            "source": existing.source.get("location"),
+            "source": source_identity(existing.source.get("location") or ""),
             "options": {**defaults, **(existing.options or {})},
         }
         if previous == wanted and not overwrite:
@@ -217,13 +329,15 @@ def existing_state(
     elif storage.exists(plan_file):
         stored = json.loads(storage.read_bytes(plan_file))
         previous = {
-            "source": stored.get("source"),
+            "source": source_identity(stored.get("source") or ""),
             "options": {**defaults, **(stored.get("options") or {})},
         }
         if previous == wanted and not overwrite:
             return None  # resume
     else:
-        if [n for n in storage.listdir(output) if n != LOCK_NAME] and not overwrite:
+        # a lone rejects.csv: what a conversion refused before writing any shard
+        ours = (LOCK_NAME, REJECTS_NAME)
+        if [n for n in storage.listdir(output) if n not in ours] and not overwrite:
             raise ChuteError(
                 "`output` is a non-empty folder that chute did not write. "
                 f"Received: output={output!r}; choose an empty or new folder"
@@ -239,8 +353,8 @@ def existing_state(
             for key, value in wanted["options"].items()
             if (previous.get("options") or {}).get(key) != value
         ]
-        if previous.get("source") != source:
-            changed.insert(0, f"source: {previous.get('source')!r} -> {source!r}")
+        if previous.get("source") != wanted["source"]:
+            changed.insert(0, f"source: {previous.get('source')!r} -> {wanted['source']!r}")
         holds = f"a conversion with other options ({'; '.join(changed)})"
     storage.replace_or_refuse(
         output, "output", holds=holds, overwrite=overwrite, entries=_outputs(output)

@@ -56,6 +56,19 @@ def _allocate(sizes: list[int], fraction: float, caps: list[int], rng: random.Ra
     return shares
 
 
+class NoTrainingImages(ChuteError):
+    """Classes left without a usable training image (``classes``, sorted); the converter
+    adds why their images were refused."""
+
+    def __init__(self, classes: list[str], reasons: str = "") -> None:
+        self.classes = classes
+        shown = ", ".join(repr(c) for c in classes[:10]) + (" ..." if len(classes) > 10 else "")
+        super().__init__(
+            f"{len(classes)} class(es) have no usable training image: {shown}. Add images or "
+            f"remove the class folder{reasons}"
+        )
+
+
 def split_items(
     items: Sequence[Item],
     usable: Sequence[bool],
@@ -110,11 +123,7 @@ def split_items(
         - {class_names[items[i].label] for i in by_split["train"]}
     )
     if missing:
-        shown = ", ".join(repr(m) for m in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise ChuteError(
-            f"{len(missing)} class(es) have no usable training image: {shown}. Add images, "
-            "remove the class folder, or check the rejects listed in the log"
-        )
+        raise NoTrainingImages(missing)
 
     ordered: dict[str, list[int]] = {}
     for name in SPLITS:

@@ -71,11 +71,11 @@ def task_cost(task: tuple) -> int:
 
 def chunk_bounds(length: int, size: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of the fewest chunks of at most ``size`` that cover ``length``
-    items, as equal as they can be: 65 items in chunks of 64 are 33 + 32, not 64 + 1.
+    items, as equal as they can be: 65 items in chunks of 64 are 32 + 33, not 64 + 1.
 
     Example:
         >>> chunk_bounds(65, 64)
-        [(0, 33), (33, 65)]
+        [(0, 32), (32, 65)]
         >>> chunk_bounds(128, 64), chunk_bounds(0, 64)
         ([(0, 64), (64, 128)], [])
     """
