@@ -138,7 +138,13 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default="val")
     evaluate.add_argument("--out", metavar="DIR", help="write the reports here (default: none)")
 
-    predict = commands.add_parser("predict", help="classify image files (on the CPU)")
+    predict = commands.add_parser(
+        "predict",
+        help="classify image files (on the CPU)",
+        description="Classify image files with a model bundle, on the CPU. Inputs that "
+        "cannot be classified are listed on stderr. Exit status: 0 when at least one image "
+        "was classified (even if others failed), 1 when none was.",
+    )
     predict.add_argument("model", metavar="MODEL", help="a run folder or model bundle")
     predict.add_argument("images", metavar="IMAGES", nargs="+", help="files, folders, globs")
     predict.add_argument("--top-k", type=int, help="classes shown (default: 5 or all)")
@@ -150,7 +156,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("run", metavar="RUN")
     export.add_argument("--format", choices=("savedmodel", "keras"), default="savedmodel")
     export.add_argument("--output", required=True, metavar="DIR")
-    export.add_argument("--overwrite", action="store_true")
+    export.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier chute export in DIR (a folder of other files never is)",
+    )
 
     _add_bench(commands)
     _add_data_service(commands)
@@ -166,7 +176,18 @@ def _add_bench(commands) -> None:
     bench.add_argument("--image-size", type=int, default=75, help="(default: %(default)s)")
     bench.add_argument("--color-mode", choices=("grayscale", "rgb"), default="grayscale")
     bench.add_argument("--batch-size", type=int, default=256, help="(default: %(default)s)")
-    bench.add_argument("--model", help="also time this keras.applications model's training step")
+    bench.add_argument(
+        "--model",
+        help="also time this model's training step: any model chute train takes "
+        "(chute.available_models() or a keras.applications name)",
+    )
+    bench.add_argument(
+        "--min-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="time each loader for at least this long, in rounds of two passes (default: 10; "
+        "short passes let set-up time and noise decide the ratios)",
+    )
     bench.add_argument(
         "--work-dir", help="where generated data and shards go (default: a temp dir)"
     )
@@ -179,7 +200,10 @@ def _add_data_service(commands) -> None:
         help="run a tf.data service dispatcher or worker (preprocessing on spare machines)",
         description="Start a tf.data service server and keep it running until stopped "
         "(Ctrl-C or SIGTERM). Trainers read through it with `chute train --data-service "
-        "grpc://HOST:PORT` or chute.load(..., data_service=...).",
+        "grpc://HOST:PORT` or chute.load(..., data_service=...). The servers listen on every "
+        "network interface with no authentication (TensorFlow offers none): whoever reaches "
+        "them can run dataset graphs that read any file the workers can read. Run them on a "
+        "private network, or let a firewall admit only the trainers and workers.",
     )
     role = service.add_subparsers(dest="role", required=True, metavar="ROLE")
     dispatcher = role.add_parser("dispatcher", help="the one server that hands out work")
@@ -383,6 +407,13 @@ def _predict(args: argparse.Namespace) -> int:
             print(f"{item.path}: {top}")
     for path, reason in result.failures:
         print(f"could not classify {path}: {reason}", file=sys.stderr)
+    if not result.predictions:  # a partial success is a success; nothing classified is not
+        print(
+            f"chute predict: error: none of the {len(result.failures)} input(s) could be "
+            "classified",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -404,6 +435,7 @@ def _bench(args: argparse.Namespace) -> int:
         color_mode=args.color_mode,
         batch_size=args.batch_size,
         model=args.model,
+        **({} if args.min_seconds is None else {"min_seconds": args.min_seconds}),
         say=lambda line: print(line, file=sys.stderr),
     )
     print(table(figures))

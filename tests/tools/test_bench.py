@@ -84,6 +84,8 @@ def test_bench_times_every_loader_and_reports_figures_that_follow_from_the_timin
         tmp_path / "work",
         "--model",
         "MobileNetV2",
+        "--min-seconds",
+        "0.01",
         "--json",
         out,
     )
@@ -128,3 +130,66 @@ def test_bench_rejects_a_source_that_is_not_a_folder(tmp_path):
     (tmp_path / "file.txt").write_text("not images")
     result = run_here("bench", tmp_path / "file.txt", "--work-dir", tmp_path / "work")
     assert result.returncode == 2 and "`source` must be a folder" in result.stderr
+
+
+# -- timed for a minimum duration; every argument checked first --------------------------------
+
+
+def test_rounds_repeat_until_the_minimum_duration_and_average_each_pass():
+    reported = iter([(16, [0.1, 0.3], 0.05), (16, [0.2, 0.1], 0.01), (16, [0.3, 0.2], 0.03)])
+    images, seconds, build, rounds = bench._rounds(lambda: next(reported), min_seconds=1.0)
+    # 0.4 s, then 0.7 s, then 1.2 s >= 1.0 s: three rounds, each pass the mean of three
+    assert (images, rounds) == (16, 3)
+    assert seconds == pytest.approx([0.2, 0.2]) and build == pytest.approx(0.03)
+    one = iter([(16, [0.5, 0.7], 0.0)])
+    assert bench._rounds(lambda: next(one), min_seconds=1.0)[3] == 1  # 1.2 s: enough
+
+
+@pytest.mark.slow
+def test_bench_times_each_loader_for_the_minimum_and_takes_any_model_train_takes(tmp_path):
+    src = make_folder(tmp_path / "src", {"a": 8, "b": 8}, size=(20, 20))
+    out = tmp_path / "figures.json"
+    result = run_here(
+        "bench",
+        src,
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--work-dir",
+        tmp_path / "work",
+        "--model",
+        "kannada-cnn",  # one of chute.available_models(), not a keras.applications name
+        "--min-seconds",
+        "0.3",
+        "--json",
+        out,
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["min_seconds"] == 0.3
+    for row in figures["loaders"]:
+        assert row["images"] == 16 and len(row["seconds"]) == 2 and row["rounds"] >= 1
+        # the mean passes times the rounds: at least the minimum (to the microsecond)
+        assert row["rounds"] * sum(row["seconds"]) >= 0.3 - 1e-5, row
+    assert figures["model"]["model"] == "kannada-cnn"
+    assert "each loader timed for at least 0.3 s" in result.stdout
+
+
+def test_bench_refuses_an_unknown_model_before_any_work(tmp_path):
+    src = make_folder(tmp_path / "src", {"a": 4, "b": 4})
+    result = run_here("bench", src, "--model", "NoSuchModel", "--work-dir", tmp_path / "work")
+    assert result.returncode == 2, result.stderr
+    assert "`model` must be one of" in result.stderr
+    assert "Received: model='NoSuchModel'" in result.stderr
+    assert "converting" not in result.stderr and "timing" not in result.stderr
+    assert not (tmp_path / "work" / "shards").exists()
+
+
+def test_bench_with_fewer_images_than_a_batch_says_so(tmp_path):
+    src = make_folder(tmp_path / "src", {"a": 2, "b": 1})
+    result = run_here("bench", src, "--batch-size", "8", "--work-dir", tmp_path / "work")
+    assert result.returncode == 2, result.stderr
+    assert "`batch_size` must be at most the number of images" in result.stderr
+    assert "(3)" in result.stderr and "Received: batch_size=8" in result.stderr
+    assert "timing" not in result.stderr and "Traceback" not in result.stderr

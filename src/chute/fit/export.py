@@ -46,14 +46,16 @@ def export(
         output: the folder to write (local or a TF filesystem path).
         format: ``"savedmodel"`` (TF Serving) or ``"keras"`` (a bundle:
             ``model.keras`` plus ``chute.json``).
-        overwrite: replace ``output`` if it exists and is not empty.
+        overwrite: replace ``output`` when it holds an earlier chute export
+            (its ``chute.json``); a folder of other files is never replaced.
 
     Returns:
         The output folder.
 
     Raises:
         ChuteError: a bad format, no bundle found, or an output folder that
-            is not empty (without ``overwrite``) or holds the bundle itself.
+            is not empty (unless it holds an earlier export and ``overwrite`` is
+            set) or holds the bundle itself.
 
     Example:
         >>> export("runs/kn/bundle", "kn-keras", format="keras")  # doctest: +SKIP
@@ -105,15 +107,17 @@ def _prepare_output(output: str, source: str, overwrite: bool) -> None:
             f"Received: output={output!r}"
         )
     if storage.check_output(output, "output") and storage.listdir(output):
-        if not overwrite:
+        earlier = storage.exists(storage.join(output, META_NAME))
+        if not overwrite and earlier:
             raise ChuteError(
-                f"`output` is a non-empty folder. Received: output={output!r}; choose a "
-                "new or empty folder, or pass overwrite=True (--overwrite) to replace it"
+                f"`output` holds an earlier chute export. Received: output={output!r}; pass "
+                "overwrite=True (--overwrite) to replace it, or choose a new or empty folder"
             )
-        if not storage.exists(storage.join(output, META_NAME)):
+        if not earlier:  # with or without overwrite: it is refused, so never advised
             raise ChuteError(
-                "`overwrite` only replaces an earlier chute export (a folder with its "
-                f"chute.json). Received: output={output!r}, which holds other files"
+                "`output` is a non-empty folder that holds no earlier chute export (no "
+                "chute.json): choose a new or empty folder (overwrite=True, --overwrite, "
+                f"only replaces an earlier chute export). Received: output={output!r}"
             )
         storage.rmtree(output)
     storage.makedirs(output)

@@ -148,20 +148,29 @@ def build_model(
     return model
 
 
-def check_model(name: str, weights: str | os.PathLike[str] | None = None) -> None:
-    """Checks a model name and weights file before any work, as :func:`build_model` does.
+def check_model(model: str, weights: str | os.PathLike[str] | None = None) -> str:
+    """Checks a model name and weights file before any work, as :func:`build_model` does;
+    returns the name resolved. An unknown name is named ``model`` in the error, as a
+    training config (``--model``) and ``chute bench --model`` call it.
 
     Example:
         >>> check_model("Kannada_CNN")
+        'kannada-cnn'
     """
-    _check_weights(weights, resolve_model(name))
+    resolved = resolve_model(model, argument="model")
+    _check_weights(weights, resolved)
+    return resolved
 
 
-def resolve_model(name: Any) -> str:
+def resolve_model(name: Any, *, argument: str = "name") -> str:
     """The registry name or ``keras.applications`` function that ``name`` means.
 
     An exact name wins; otherwise names are compared without case and with
     ``_`` read as ``-``, and the match must be unique.
+
+    Args:
+        name: the name asked for.
+        argument: what the error calls it (``"model"`` for a training config).
 
     Raises:
         ChuteError: no model (or several) go by that name; close names are suggested.
@@ -171,7 +180,7 @@ def resolve_model(name: Any) -> str:
         'kannada-cnn'
     """
     if not isinstance(name, str) or not name:
-        raise checks.bad_value("name", name, "a model name: one of " + _names_text())
+        raise checks.bad_value(argument, name, "a model name: one of " + _names_text())
     if name in cnns.CNNS:
         return name
     if _fold(name) in cnns.CNNS:
@@ -183,7 +192,7 @@ def resolve_model(name: Any) -> str:
     if len(folded) == 1:
         log.debug("Model name %r read as keras.applications.%s", name, folded[0])
         return folded[0]
-    message = f"`name` must be one of {_names_text()}. Received: name={name!r}"
+    message = f"`{argument}` must be one of {_names_text()}. Received: {argument}={name!r}"
     known = dict.fromkeys([*MODEL_NAMES, *applications])
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
     if close:

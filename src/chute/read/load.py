@@ -237,6 +237,8 @@ def _dataset(plan: ReadPlan, options: LoadOptions, input_context):
     device, keras_on_host, host = _augmentations(options.augment_spec, plan, options.augment_on)
     plan, lost = _without_unreadable(plan)
     counters = _counters(lost) if plan.skip_corrupt else {}
+    if plan.data_service:  # TensorFlow would wait for a dispatcher that is not there forever
+        service.wait_for_dispatcher(plan.data_service, options.data_service_timeout)
     dataset = build(plan, counters=counters, augmentation=keras_on_host, host=host)
     if counters:
         dataset = _counted_per_epoch(dataset, counters, lost)

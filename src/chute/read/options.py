@@ -87,6 +87,8 @@ class LoadOptions:
         skip_corrupt: skip and count damaged shards and images instead of raising.
         data_service: a ``tf.data`` service dispatcher ``grpc://HOST:PORT``
             whose workers run the training pipeline.
+        data_service_timeout: seconds to wait for that dispatcher to accept a
+            connection before failing (TensorFlow alone would wait forever).
 
     Example:
         >>> LoadOptions(image_size="224", augment=["crop", "flip"]).image_size
@@ -136,6 +138,11 @@ class LoadOptions:
         None, "read training batches from this tf.data service dispatcher", type=str,
         metavar="grpc://HOST:PORT",
     )  # fmt: skip
+    data_service_timeout: float = option(
+        service.DISPATCHER_TIMEOUT,
+        "seconds to wait for the tf.data service dispatcher",
+        metavar="SECONDS",
+    )
 
     def __post_init__(self) -> None:
         checks.positive_int("batch_size", self.batch_size, "a positive integer (per replica)")
@@ -174,6 +181,10 @@ class LoadOptions:
         if self.data_service is not None:
             address = service.check_address("data_service", self.data_service)
             object.__setattr__(self, "data_service", address)
+        timeout = checks.positive_number(
+            "data_service_timeout", self.data_service_timeout, "a positive number of seconds"
+        )
+        object.__setattr__(self, "data_service_timeout", timeout)
 
     @property
     def augment_spec(self) -> AugmentSpec:

@@ -19,6 +19,19 @@ What the service cannot promise, chute does locally: evaluation (every example
 exactly once) reads on the trainer itself, and a seed cannot fix the order
 (shards go to whichever worker asks first), so the order is new every epoch.
 
+TensorFlow retries a dispatcher that is not there forever, so ``chute.load``
+first waits at most ``data_service_timeout`` seconds (:data:`DISPATCHER_TIMEOUT`
+by default) for it to accept a connection (:func:`wait_for_dispatcher`), and
+fails naming the address.
+
+**The servers have no authentication** (TensorFlow offers none) and listen on
+every network interface (TensorFlow binds ``[::]:PORT`` and has no setting for
+the address): whoever reaches a dispatcher can register a dataset graph that
+its workers run, reading any file they can read, and whoever reaches a worker
+can fetch the batches it makes. Run them on a private network, or let a
+firewall admit only the trainers and workers (the README's *tf.data service*
+shows a rule); both servers log a warning saying so when they start.
+
 Example:
     >>> server = serve_dispatcher(5050)  # doctest: +SKIP
     >>> train = chute.load("gs://b/shards", data_service="grpc://10.0.0.2:5050")  # doctest: +SKIP
@@ -33,14 +46,18 @@ import re
 import signal
 import socket
 import threading
+import time
 from typing import Any
 
 from chute import checks
+from chute.errors import ChuteError
 from chute.lazy import tf
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 5050
+DISPATCHER_TIMEOUT = 60.0
+"""Seconds ``chute.load`` waits for a dispatcher to accept a connection by default."""
 _ADDRESS = re.compile(
     r"^(?:grpc://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$"
 )
@@ -65,8 +82,93 @@ def _port(value: Any, *, zero: bool) -> int:
     return checks.int_in("port", value, low, 65535)
 
 
+def _host_port(address: str) -> tuple[str, int]:
+    """``("10.0.0.2", 5050)`` of ``grpc://10.0.0.2:5050`` (an IPv6 host without brackets)."""
+    host, port = address.split("://", 1)[-1].rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+def wait_for_dispatcher(address: str, timeout: float = DISPATCHER_TIMEOUT) -> None:
+    """Returns once the dispatcher at ``address`` accepts a TCP connection, trying again
+    every second; a :class:`~chute.errors.ChuteError` naming it after ``timeout`` seconds.
+
+    TensorFlow itself waits for a dispatcher that is not there forever (trying again every
+    few seconds inside the first ``next()``); this cheap check comes before any of that.
+
+    Example:
+        >>> wait_for_dispatcher("grpc://10.0.0.2:5050", timeout=30)  # doctest: +SKIP
+    """
+    timeout = checks.positive_number(
+        "data_service_timeout", timeout, "a positive number of seconds"
+    )
+    host, port = _host_port(address)
+    deadline = time.monotonic() + timeout
+    told = False
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.05, min(left, 5.0))):
+                return
+        except OSError as error:  # refused, timed out, unknown host, no route
+            reason = str(error) or type(error).__name__
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if not told:
+            log.info(
+                "waiting up to %g s for the tf.data service dispatcher at %s (%s)",
+                timeout,
+                address,
+                reason,
+            )
+            told = True
+        time.sleep(min(1.0, left))
+    raise ChuteError(
+        f"no tf.data service dispatcher answered at {address} within {timeout:g} s "
+        f"({reason}). Check that `chute data-service dispatcher --port {port}` runs on "
+        f"{host} and that this machine can reach port {port} there (a firewall?), or wait "
+        "longer with data_service_timeout (--data-service-timeout SECONDS). "
+        f"Received: data_service={address!r}"
+    )
+
+
+def _exposure(role: str, port: str) -> None:
+    """The warning every server start logs: whoever reaches it can use it."""
+    what = (
+        "register dataset graphs that the workers run, reading any file they can read"
+        if role == "dispatcher"
+        else "give it dataset graphs to run, reading any file it can read, and fetch the "
+        "batches it makes"
+    )
+    log.warning(
+        "the tf.data service %s listens on every network interface (%s) with no "
+        "authentication (TensorFlow offers none): anyone who can reach it can %s. Run it "
+        "on a private network only, or let a firewall admit only the trainers and workers "
+        "to that port (see the README's tf.data service section)",
+        role,
+        port,
+        what,
+    )
+
+
+def _started(make: Any, role: str, port: int) -> Any:
+    """``make()``, the server; a port TensorFlow's gRPC server cannot listen on (taken by
+    another program) as a :class:`~chute.errors.ChuteError` naming it."""
+    try:
+        return make()
+    except RuntimeError as error:
+        if "Could not start gRPC server" not in str(error):
+            raise
+        raise ChuteError(
+            f"the tf.data service {role} could not listen on port {port} ({error}): another "
+            f"program (another {role}?) holds it. Pass a free port (--port), or stop that "
+            f"program. Received: port={port}"
+        ) from None
+
+
 def serve_dispatcher(port: int = DEFAULT_PORT, *, work_dir: str | None = None) -> Any:
-    """Starts a ``tf.data`` service dispatcher on ``port`` (all interfaces).
+    """Starts a ``tf.data`` service dispatcher on ``port`` (all interfaces, no
+    authentication: keep it on a private network or behind a firewall).
 
     Args:
         port: the port trainers and workers reach it at.
@@ -76,6 +178,9 @@ def serve_dispatcher(port: int = DEFAULT_PORT, *, work_dir: str | None = None) -
     Returns:
         The running ``DispatchServer`` (``.join()`` blocks until it stops).
 
+    Raises:
+        ChuteError: a bad ``port``, or one that another program holds.
+
     Example:
         >>> serve_dispatcher(5050).join()  # doctest: +SKIP
     """
@@ -83,7 +188,10 @@ def serve_dispatcher(port: int = DEFAULT_PORT, *, work_dir: str | None = None) -
     config = tf.data.experimental.service.DispatcherConfig(
         port=port, work_dir=work_dir, fault_tolerant_mode=work_dir is not None
     )
-    server = tf.data.experimental.service.DispatchServer(config)
+    server = _started(
+        lambda: tf.data.experimental.service.DispatchServer(config), "dispatcher", port
+    )
+    _exposure("dispatcher", f"port {port}")
     log.info(
         "tf.data service dispatcher serving on port %d (%s); workers join it with "
         "`chute data-service worker --dispatcher %s:%d`, trainers read with "
@@ -99,7 +207,8 @@ def serve_dispatcher(port: int = DEFAULT_PORT, *, work_dir: str | None = None) -
 
 
 def serve_worker(dispatcher: str, *, port: int = 0, address: str | None = None) -> Any:
-    """Starts a ``tf.data`` service worker that runs pipelines for ``dispatcher``.
+    """Starts a ``tf.data`` service worker that runs pipelines for ``dispatcher`` (all
+    interfaces, no authentication: keep it on a private network or behind a firewall).
 
     Args:
         dispatcher: the dispatcher's ``HOST:PORT`` (or ``grpc://HOST:PORT``).
@@ -109,6 +218,9 @@ def serve_worker(dispatcher: str, *, port: int = 0, address: str | None = None) 
 
     Returns:
         The running ``WorkerServer`` (``.join()`` blocks until it stops).
+
+    Raises:
+        ChuteError: a bad ``dispatcher`` or ``port``, or a port another program holds.
 
     Example:
         >>> serve_worker("10.0.0.2:5050").join()  # doctest: +SKIP
@@ -122,7 +234,8 @@ def serve_worker(dispatcher: str, *, port: int = 0, address: str | None = None) 
     config = tf.data.experimental.service.WorkerConfig(
         dispatcher_address=host_port, worker_address=f"{address}:%port%", port=port
     )
-    server = tf.data.experimental.service.WorkerServer(config)
+    server = _started(lambda: tf.data.experimental.service.WorkerServer(config), "worker", port)
+    _exposure("worker", f"port {port}" if port else "a port TensorFlow picks; --port fixes it")
     log.info(
         "tf.data service worker for dispatcher %s, reached at %s (port %s): it reads "
         "shards and runs chute's pipeline for the trainers' jobs",

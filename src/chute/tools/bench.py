@@ -5,14 +5,20 @@ pass from its in-memory cache), ``chute.image_dataset_from_directory``,
 Keras's ``image_dataset_from_directory``, ``ImageDataGenerator.flow_from_directory``
 (when ``tf_keras`` is installed), and an in-memory
 ``Dataset.from_tensor_slices`` baseline with the same batching. Every loader
-runs two passes; ratios compare chute's passes with each baseline's faster
+is timed in rounds (create the dataset, pass 1, pass 2) until it has run for
+at least ``min_seconds`` (10 s by default: short passes let set-up time and
+the noise of a shared machine decide the ratio); its figures are the mean
+pass of its rounds. Ratios compare chute's passes with each baseline's faster
 pass. With ``model``, the model's training step is timed on synthetic
 batches, to tell which side (input or compute) is the bottleneck.
+
+Every argument (the model included) is checked before anything is converted or timed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import tempfile
@@ -21,8 +27,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from chute import collector
+from chute import checks, collector
 from chute.errors import ChuteError
+from chute.fit import models
 from chute.ingest.convert import convert
 from chute.lazy import keras, tf
 from chute.read import dropin
@@ -31,16 +38,22 @@ from chute.tools import samples
 
 log = logging.getLogger(__name__)
 
+MIN_SECONDS = 10.0
+"""How long each loader is timed, at least (``--min-seconds``)."""
+COLOR_MODES = ("grayscale", "rgb")
+
 
 @dataclasses.dataclass
 class Row:
     """One loader's passes: images per pass and seconds per pass (pass 1
-    includes ``build``, the seconds spent creating the dataset)."""
+    includes ``build``, the seconds spent creating the dataset), each the mean
+    of ``rounds`` rounds."""
 
     name: str
     images: int
     seconds: list[float]
     build: float = 0.0
+    rounds: int = 1
 
     @property
     def rates(self) -> list[float]:
@@ -70,15 +83,35 @@ def _timed_passes(make: Callable, passes: int = 2) -> tuple[int, list[float], fl
     return images, seconds, build
 
 
-def _idg_passes(src: str, size: tuple[int, int], color_mode: str, batch: int):
+def _rounds(one_round: Callable, min_seconds: float) -> tuple[int, list[float], float, int]:
+    """``one_round()`` (``(images, seconds per pass, build)``) repeated until the passes
+    took ``min_seconds`` in all: ``(images, mean seconds per pass, mean build, rounds)``."""
+    totals: list[float] = []
+    builds, rounds, spent = 0.0, 0, 0.0
+    while True:
+        images, seconds, build = one_round()
+        totals = [t + s for t, s in zip(totals, seconds, strict=True)] if totals else seconds
+        builds, rounds, spent = builds + build, rounds + 1, spent + sum(seconds)
+        if spent >= min_seconds:
+            return images, [t / rounds for t in totals], builds / rounds, rounds
+
+
+def _idg_class():
+    """tf_keras's ``ImageDataGenerator``, or None when it (or SciPy) is not installed."""
     try:
         import scipy  # noqa: F401  (ImageDataGenerator's transforms need it)
         from tf_keras.preprocessing.image import ImageDataGenerator
     except ImportError:
         return None
+    return ImageDataGenerator
+
+
+def _idg_passes(generator, src: str, size: tuple[int, int], color_mode: str, batch: int):
+    """One round of ``flow_from_directory``: ``(images, seconds per pass, 0.0)``; its
+    creation counts in pass 1, as before."""
     with collector.paused(collect_first=True):  # as timeit does
         started = time.perf_counter()
-        flow = ImageDataGenerator().flow_from_directory(
+        flow = generator().flow_from_directory(
             src, target_size=size, color_mode=color_mode, batch_size=batch, class_mode="sparse"
         )
         seconds = []
@@ -87,7 +120,7 @@ def _idg_passes(src: str, size: tuple[int, int], color_mode: str, batch: int):
                 next(flow)
             seconds.append(time.perf_counter() - started)
             started = time.perf_counter()
-    return flow.samples, seconds
+    return flow.samples, seconds, 0.0
 
 
 def run(
@@ -98,6 +131,7 @@ def run(
     color_mode: str = "grayscale",
     batch_size: int = 256,
     model: str | None = None,
+    min_seconds: float = MIN_SECONDS,
     say: Callable[[str], None] = lambda line: None,
 ) -> dict:
     """Runs the benchmark; returns its figures (also what ``--json`` writes).
@@ -108,13 +142,31 @@ def run(
         work_dir: where generated data and shards go (default: a temp dir).
         image_size: square size every loader resizes to.
         color_mode: ``"grayscale"`` or ``"rgb"``.
-        batch_size: batch size of every loader.
-        model: also time this model's training step (a ``keras.applications`` name).
+        batch_size: batch size of every loader, at most the number of images.
+        model: also time this model's training step: any name ``chute train``
+            accepts (``chute.available_models()`` or a ``keras.applications`` name).
+        min_seconds: how long each loader (and the model's step) is timed, at
+            least: rounds of two passes are repeated until then.
         say: receives progress lines.
+
+    Raises:
+        ChuteError: a bad argument (named), checked before any work; a model
+            that cannot take ``image_size`` images; fewer images than ``batch_size``.
 
     Example:
         >>> figures = run(say=print)  # doctest: +SKIP
     """
+    image_size = checks.positive_int("image_size", image_size)
+    checks.one_of("color_mode", color_mode, COLOR_MODES)
+    batch_size = checks.positive_int("batch_size", batch_size)
+    min_seconds = checks.positive_number("min_seconds", min_seconds, "a positive number of seconds")
+    if source is not None and not os.path.isdir(source):
+        raise ChuteError(f"`source` must be a folder of class folders. Received: source={source!r}")
+    size = (image_size, image_size)
+    channels = 1 if color_mode == "grayscale" else 3
+    # Built before anything is timed: a name chute train would refuse, or an image size
+    # the model cannot take, fails now rather than after every loader was timed.
+    keras_model = _model(model, size, channels) if model else None
     work_dir = work_dir or os.path.join(tempfile.gettempdir(), "chute-bench")
     if source is None:
         source = os.path.join(work_dir, "glyphs-657")
@@ -124,19 +176,26 @@ def run(
                 source, num_classes=657, images_per_class=40, image_size=(100, 100)
             )
             open(os.path.join(source, ".complete"), "w").close()
-    elif not os.path.isdir(source):
-        raise ChuteError(f"`source` must be a folder of class folders. Received: source={source!r}")
     shards = os.path.join(work_dir, "shards")
     say(f"converting {source} to {shards}")
-    convert(
+    converted = convert(
         source, shards, image_size=image_size, color_mode=color_mode, encoding="raw", overwrite=True
     )
+    found = converted.manifest.num_examples("train")
+    if found < batch_size:  # training drops the short batch: chute.load would yield nothing
+        raise ChuteError(
+            f"`batch_size` must be at most the number of images read from {source} "
+            f"({found}): chute.load drops a training split's short last batch, so it would "
+            f"time no image. Received: batch_size={batch_size}"
+        )
     if hasattr(os, "sync"):
         os.sync()  # the new shards written back now, not by the kernel during a timed pass
-    size = (image_size, image_size)
-    rows = _measure(source, shards, size, color_mode, batch_size, say)
+    say(
+        f"each loader is timed for at least {min_seconds:g} s "
+        "(rounds of: create, pass 1, pass 2; --min-seconds)"
+    )
+    rows = _measure(source, shards, size, color_mode, batch_size, min_seconds, say)
     n = rows[0].images
-    channels = 1 if color_mode == "grayscale" else 3
     ratios = _ratios(rows)
     figures = {
         "source": source,
@@ -145,6 +204,7 @@ def run(
         "color_mode": color_mode,
         "batch_size": batch_size,
         "cores": os.cpu_count(),
+        "min_seconds": min_seconds,
         "loaders": [
             {
                 "name": r.name,
@@ -152,14 +212,16 @@ def run(
                 "seconds": [round(s, 6) for s in r.seconds],
                 "build_seconds": round(r.build, 6),
                 "images_per_s": [round(x) for x in r.rates],
+                "rounds": r.rounds,
             }
             for r in rows
         ],
         "ratios": {k: round(v, 2) for k, v in ratios.items()},
     }
-    if model:
+    if keras_model is not None:
         first, cached = rows[0].rates[0], rows[0].rates[1]
-        figures["model"] = _model_figures(model, size, channels, batch_size, first, cached)
+        rate = _train_rate(keras_model, size, channels, batch_size, min_seconds)
+        figures["model"] = _feed_figures(model, rate, first, cached)
     return figures
 
 
@@ -199,13 +261,13 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
     return ratios
 
 
-def _measure(source, shards, size, color_mode, batch_size, say) -> list[Row]:
-    """Every loader's two passes, chute.load first."""
+def _measure(source, shards, size, color_mode, batch_size, min_seconds, say) -> list[Row]:
+    """Every loader's rounds of two passes, chute.load first."""
     rows: list[Row] = []
 
     def measure(name: str, make: Callable) -> None:
         say(f"timing {name}")
-        rows.append(Row(name, *_timed_passes(make)))
+        rows.append(Row(name, *_rounds(lambda: _timed_passes(make), min_seconds)))
 
     # Warm-up passes so one-time costs are charged to nobody, as the baselines'
     # fall in their slower pass: TensorFlow's start-up (modules and kernels it
@@ -229,9 +291,12 @@ def _measure(source, shards, size, color_mode, batch_size, say) -> list[Row]:
             source, image_size=size, color_mode=color_mode, batch_size=batch_size, verbose=False
         ),
     )
-    idg = _idg_passes(source, size, color_mode, batch_size)
-    if idg is not None:
-        rows.append(Row("tf_keras ImageDataGenerator.flow_from_directory", *idg))
+    generator = _idg_class()
+    if generator is not None:
+        name = "tf_keras ImageDataGenerator.flow_from_directory"
+        say(f"timing {name}")
+        passes = functools.partial(_idg_passes, generator, source, size, color_mode, batch_size)
+        rows.append(Row(name, *_rounds(passes, min_seconds)))
     else:
         say("ImageDataGenerator skipped: install tf-keras and scipy (pip install chute[bench])")
     channels = 1 if color_mode == "grayscale" else 3
@@ -250,23 +315,27 @@ def _measure(source, shards, size, color_mode, batch_size, say) -> list[Row]:
     return rows
 
 
-def _model_figures(name, size, channels, batch_size, first_rate, cached_rate) -> dict:
-    factory = getattr(keras.applications, name, None)
-    if factory is None:
-        raise ChuteError(
-            "`model` must be a keras.applications name (e.g. MobileNetV2). "
-            f"Received: model={name!r}"
-        )
-    model = factory(weights=None, input_shape=(*size, channels), classes=10)
+def _model(name: str, size: tuple[int, int], channels: int):
+    """The model ``chute train --model name`` trains (10 classes, random weights), compiled.
+    An unknown name is a ChuteError naming ``model``; a size the model cannot take, one
+    naming ``input_shape``."""
+    models.check_model(name)
+    model = models.build_model(name, input_shape=(*size, channels), num_classes=10)
     model.compile("adam", "sparse_categorical_crossentropy")
-    x = np.random.default_rng(0).integers(0, 255, (batch_size, *size, channels)).astype("float32")
+    return model
+
+
+def _train_rate(model, size, channels, batch_size: int, min_seconds: float) -> float:
+    """Images per second of ``model``'s training step on a synthetic uint8 batch: at least
+    5 steps and ``min_seconds``, after one step that compiles it."""
+    x = np.random.default_rng(0).integers(0, 256, (batch_size, *size, channels), dtype=np.uint8)
     y = np.zeros((batch_size,), "int32")
     model.train_on_batch(x, y)  # compile the step
-    steps, started = 5, time.perf_counter()
-    for _ in range(steps):
+    steps, started = 0, time.perf_counter()
+    while steps < 5 or time.perf_counter() - started < min_seconds:
         model.train_on_batch(x, y)
-    train_rate = steps * batch_size / (time.perf_counter() - started)
-    return _feed_figures(name, train_rate, first_rate, cached_rate)
+        steps += 1
+    return steps * batch_size / (time.perf_counter() - started)
 
 
 def _feed_figures(name: str, train_rate: float, first_rate: float, cached_rate: float) -> dict:
@@ -286,12 +355,15 @@ def table(figures: dict) -> str:
     lines = [
         f"{figures['images']} images, {figures['image_size'][0]}x{figures['image_size'][1]} "
         f"{figures['color_mode']}, batch {figures['batch_size']}, {figures['cores']} cores",
+        f"each loader timed for at least {figures.get('min_seconds', 0):g} s: rounds of "
+        "(create, pass 1, pass 2), each pass the mean of its rounds",
         "",
-        f"{'loader':<52} {'pass 1 img/s':>13} {'pass 2 img/s':>13}",
+        f"{'loader':<52} {'pass 1 img/s':>13} {'pass 2 img/s':>13} {'rounds':>7}",
     ]
     for row in figures["loaders"]:
         rates = row["images_per_s"]
-        lines.append(f"{row['name']:<52} {rates[0]:>13,} {rates[-1]:>13,}")
+        rounds = row.get("rounds", 1)
+        lines.append(f"{row['name']:<52} {rates[0]:>13,} {rates[-1]:>13,} {rounds:>7}")
     lines.append("")
     lines += [f"{name}: {value}x" for name, value in figures["ratios"].items()]
     if "model" in figures:
