@@ -93,3 +93,32 @@ def test_importing_does_not_load_tensorflow(module):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "", f"importing {module} loaded {out}"
+
+
+def test_tensorflow_is_an_extra_never_a_hard_requirement():
+    """A hard tensorflow requirement made pip lay the plain wheel over a machine's own build
+    (tensorflow-tpu, tensorflow-cpu beside JAX, tf-nightly): two distributions, one package."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["project"]
+    names = [r.split(";")[0].split("[")[0].split(">")[0].split("=")[0].strip()
+             for r in project["dependencies"]]  # fmt: skip
+    assert not any(name.startswith(("tensorflow", "tf-")) for name in names), names
+    extras = project["optional-dependencies"]
+    assert extras["tensorflow"] == ["tensorflow>=2.16"]
+    assert extras["tensorflow-cpu"] == ["tensorflow-cpu>=2.16"]
+
+
+def test_without_tensorflow_a_command_says_what_to_install_in_one_line(shared_dataset):
+    code = (
+        "import sys; sys.modules['tensorflow'] = None  # as if it were not installed\n"
+        "from chute.cli import main\n"
+        f"sys.exit(main(['verify', {str(shared_dataset)!r}, '--no-progress']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'chute[tensorflow]'" in done.stderr
+    assert "'chute[tensorflow-cpu]'" in done.stderr and "Traceback" not in done.stderr

@@ -22,6 +22,20 @@ import importlib
 import types
 from typing import Any
 
+from chute.errors import ChuteError
+
+# What to install when a module is missing: TensorFlow is the user's choice of build, never a
+# hard requirement that would lay the plain wheel over a TPU VM's or a CUDA image's own.
+INSTALL = {
+    "tensorflow": (
+        "chute reads and trains with TensorFlow, which is not installed here. Install the "
+        "build for this machine beside chute: pip install 'chute[tensorflow]' (CPU or GPU), "
+        "'chute[tensorflow-cpu]' (beside JAX, e.g. on a TPU VM), or keep the machine's own "
+        "(tensorflow-tpu, tf-nightly, a preinstalled wheel)"
+    ),
+    "keras": "chute needs Keras 3: pip install 'keras>=3'",
+}
+
 
 class LazyModule(types.ModuleType):
     """A stand-in for a module that imports it on the first attribute access."""
@@ -32,7 +46,13 @@ class LazyModule(types.ModuleType):
 
     def _load(self) -> types.ModuleType:
         if self._module is None:
-            self._module = importlib.import_module(self.__name__)
+            try:
+                self._module = importlib.import_module(self.__name__)
+            except ModuleNotFoundError as error:
+                missing = (error.name or "").split(".")[0]
+                if missing in INSTALL:
+                    raise ChuteError(INSTALL[missing]) from None
+                raise
         return self._module
 
     def __getattr__(self, attribute: str) -> Any:
