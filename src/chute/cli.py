@@ -364,9 +364,12 @@ def _train(args: argparse.Namespace) -> int:
         f"  best val accuracy {best}; {result.epochs_run} epoch(s), "
         f"{result.seconds_per_epoch:.1f} s/epoch, {result.images_per_second:,.0f} images/s"
     )
+    devices = f"{result.strategy}: {result.replicas} replica(s)"  # tf.distribute's
+    if result.backend != "tensorflow":
+        devices = f"{result.backend} {result.strategy}: {result.replicas} device(s)"
     print(
-        f"  {result.strategy}: {result.replicas} replica(s), global batch "
-        f"{result.global_batch_size} = {config.batch_size} x {result.replicas}, {result.precision}"
+        f"  {devices}, global batch {result.global_batch_size} = {config.batch_size} x "
+        f"{result.replicas}, {result.precision}"
     )
     if result.resumed:
         print("  resumed an interrupted run")
@@ -488,6 +491,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO, format="chute: %(message)s"
     )
+    # JAX's own start-up notes (e.g. "Unable to initialize backend 'tpu'" on a machine
+    # without one) are not chute's to show
+    logging.getLogger("jax").setLevel(logging.WARNING)
     handler = {
         "convert": _convert,
         "inspect": _inspect,

@@ -17,6 +17,7 @@ from typing import Any
 
 from chute import checks
 from chute.errors import ChuteError
+from chute.fit.backend import BACKENDS
 from chute.fit.strategy import KINDS, PRECISIONS
 from chute.image.size import parse_image_size
 from chute.read.options import LoadOptions
@@ -68,7 +69,11 @@ class TrainConfig:
         class_weights: ``None`` or ``"balanced"`` (inverse class frequency).
         steps_per_execution: steps per compiled call; default from the strategy.
         early_stopping: stop after this many epochs without validation gain.
-        strategy: ``auto``, ``tpu``, ``gpu``, ``cpu`` or ``multiworker``.
+        backend: the Keras backend, ``tensorflow``, ``jax`` or ``torch``; default:
+            Keras's own (``KERAS_BACKEND``, else ``keras.json``). Fixed once Keras
+            is imported: the CLI sets ``KERAS_BACKEND`` before that.
+        strategy: ``auto``, ``tpu``, ``gpu``, ``cpu`` or ``multiworker`` (on JAX: every
+            local device of that kind; ``multiworker`` is TensorFlow's only).
         tpu: a TPU name or address.
         precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
         augment: augmentation names for the training data (see ``chute.load``):
@@ -121,7 +126,11 @@ class TrainConfig:
     early_stopping: int | None = option(
         None, "stop after this many epochs without gain", type=int, metavar="PATIENCE"
     )
-    strategy: str = option("auto", "tf.distribute strategy", choices=KINDS)
+    backend: str | None = option(
+        None, "Keras backend (default: KERAS_BACKEND, else keras.json)", type=str,
+        choices=BACKENDS,
+    )  # fmt: skip
+    strategy: str = option("auto", "tf.distribute strategy (JAX: devices)", choices=KINDS)
     tpu: str | None = option(None, "TPU name or address", type=str, metavar="ADDRESS")
     precision: str = option("auto", "Keras mixed-precision policy", choices=PRECISIONS)
     augment: tuple[str, ...] = option(
@@ -164,6 +173,8 @@ class TrainConfig:
         checks.positive_int("epochs", self.epochs)
         checks.positive_int("batch_size", self.batch_size)
         checks.one_of("optimizer", self.optimizer, OPTIMIZERS)
+        if self.backend is not None:
+            checks.one_of("backend", self.backend, BACKENDS)
         checks.one_of("strategy", self.strategy, KINDS)
         checks.one_of("precision", self.precision, PRECISIONS)
         checks.one_of("schedule", self.schedule, SCHEDULES)

@@ -22,6 +22,7 @@ from chute.fit.plots import HEAT_MAP_CLASSES, draw_confusion, thumbnail
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
+from chute.lazy import keras
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,9 @@ def evaluate(
     wanted = manifest.num_classes if manifest.num_classes > HEAT_MAP_CLASSES else 0
     for images, batch_labels in dataset:
         labels = batch_labels.numpy()
-        tally.add(np.asarray(loaded.model(images, training=False)), labels)
+        # NumPy in and out: the model may run on JAX or torch (on a GPU), not TensorFlow
+        scores = loaded.model(images.numpy(), training=False)
+        tally.add(keras.ops.convert_to_numpy(scores), labels)
         if len(samples) < wanted:
             for image, label in zip(images.numpy(), labels, strict=True):
                 if int(label) not in samples:

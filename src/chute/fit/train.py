@@ -1,10 +1,13 @@
-"""``chute train``: a Keras model trained on converted shards, under any strategy.
+"""``chute train``: a Keras model trained on converted shards, on any backend and strategy.
 
-:func:`train` reads as the steps of a run: check the options and the data,
-claim the run directory, pick the strategy and precision, stream the data with
-``chute.load``, build and compile the model inside the strategy's scope, fit
-(Keras's ``fit``, or chute's loop under ``MultiWorkerMirroredStrategy``), save
-the best model as a bundle, and write the reports.
+:func:`train` reads as the steps of a run: settle the Keras backend, check the
+options and the data, claim the run directory, pick the strategy (a
+``tf.distribute`` one on TensorFlow; on JAX every local device through
+``keras.distribution``, on torch one device, see :mod:`chute.fit.backend`) and
+precision, stream the data with ``chute.load``, build and compile the model
+inside the strategy's scope, fit (Keras's ``fit``, or chute's loop under
+``MultiWorkerMirroredStrategy``), save the best model as a bundle, and write
+the reports.
 
 Example:
     >>> result = train("./kn-shards", "./runs/kn", model="kannada-cnn", epochs=5)  # doctest: +SKIP
@@ -27,6 +30,7 @@ import numpy as np
 
 from chute.errors import ChuteError
 from chute.fit import backbones, cnns, models, rundir, trainable
+from chute.fit import backend as backend_lib
 from chute.fit import strategy as strategy_lib
 from chute.fit.config import TrainConfig
 from chute.fit.objective import categorical, make_loss, make_metrics, make_optimizer
@@ -58,6 +62,7 @@ class TrainResult:
     strategy: str
     precision: str
     resumed: bool = False
+    backend: str = "tensorflow"  # the Keras backend it trained on
 
 
 @dataclasses.dataclass
@@ -75,6 +80,7 @@ class _Inputs:
     repeated: bool = False  # the training data repeats: fit is told the steps of an epoch
     val_steps: int | None = None  # with per_host under Keras's fit
     val_padded: float = 1.0  # validation examples Keras counts per real one (padding)
+    val_weighted: bool = False  # validation batches are padded, with weights (0: padding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,18 +123,20 @@ def train(
     if config is not None and options:
         raise ChuteError("Pass either `config` or option keywords, not both")
     config = config or TrainConfig.from_dict(options)
+    # the backend first: Keras is imported on it (the config records the one used)
+    config = dataclasses.replace(config, backend=backend_lib.resolve(config.backend))
     models.check_model(config.model, config.weights)  # before anything heavy
     manifest = _training_data(data)
     run = rundir.prepare(run_dir, overwrite=overwrite, worker_index=strategy_lib.worker_index())
-    strategy = strategy_lib.auto_strategy(config.strategy, tpu=config.tpu)
+    strategy = _strategy(config)
     precision = _precision(config, strategy)
-    with _global_policy(precision):
+    with _global_policy(precision), _distribution(strategy):
         keras.utils.set_random_seed(config.seed)
         inputs = _inputs(manifest, config, strategy)
         model = _built_model(config, manifest, strategy, inputs)
         history, seconds = _fit_phases(model, strategy, inputs, config, manifest, run, verbose)
         bundle = _save_best(model, manifest, run, config, precision, strategy, inputs)
-    result = _result(run, bundle, inputs, history, seconds, strategy, precision)
+    result = _result(run, bundle, inputs, history, seconds, strategy, precision, config.backend)
     _write_reports(run, result, config, history, manifest)
     if inputs.val is not None:
         from chute.fit.evaluate import evaluate
@@ -144,10 +152,44 @@ def _training_data(data: Any) -> manifest_lib.Manifest:
     return manifest
 
 
+def _strategy(config: TrainConfig) -> Any:
+    """A ``tf.distribute`` strategy on TensorFlow; on JAX and torch, their devices
+    (TensorFlow, which only reads the input there, kept off the accelerators first)."""
+    if config.backend == "tensorflow":
+        return strategy_lib.auto_strategy(config.strategy, tpu=config.tpu)
+    if config.backend == "torch" and (config.steps_per_execution or 1) > 1:
+        raise ChuteError(
+            "Keras on torch runs one step per call. Received: steps_per_execution="
+            f"{config.steps_per_execution}, backend='torch'; leave it out (1)"
+        )
+    heavy = any(name not in FUSED for name in config.augment)
+    in_step = config.augment_on == "device" or config.data_service
+    if config.backend == "torch" and heavy and in_step:
+        raise ChuteError(
+            "Augmentation inside the train step runs on TensorFlow and JAX; on torch the "
+            "heavy augmentations run in the input pipeline (not through the tf.data service). "
+            f"Received: augment_on={config.augment_on!r}, data_service={config.data_service!r}, "
+            "backend='torch'; pass augment_on='host' (or 'auto'), without data_service"
+        )
+    backend_lib.keep_tensorflow_off_accelerators()
+    return backend_lib.devices(config.backend, config.strategy, tpu=config.tpu)
+
+
+def _distribution(strategy: Any) -> Any:
+    """On JAX, Keras's distribution made current for the whole run (``fit`` splits each
+    batch over its devices); a ``tf.distribute`` strategy is entered where needed."""
+    if isinstance(strategy, backend_lib.KerasDevices):
+        return strategy.scope()
+    return contextlib.nullcontext()
+
+
 def _precision(config: TrainConfig, strategy: Any) -> str:
     kind = strategy.chute_kind
-    gpus = strategy_lib.count_gpus() if kind in ("gpu", "multi-gpu", "multiworker") else 0
-    gpu_fp16 = gpus > 0 and strategy_lib.gpu_supports_mixed_float16()
+    if isinstance(strategy, backend_lib.KerasDevices):  # JAX or torch knows its GPUs
+        gpus, gpu_fp16 = strategy.gpus, strategy.gpu_mixed_float16
+    else:
+        gpus = strategy_lib.count_gpus() if kind in ("gpu", "multi-gpu", "multiworker") else 0
+        gpu_fp16 = gpus > 0 and strategy_lib.gpu_supports_mixed_float16()
     return strategy_lib.precision_policy(
         kind, config.precision, gpu_mixed_float16=gpu_fp16, gpus=gpus
     )
@@ -208,9 +250,10 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
             f"global batch ({global_batch}); lower `batch_size`"
         )
     val, val_steps = _val_split(manifest, config, strategy, read, crop_fraction)
+    val_weighted = val is not None and info_of(val).options.pad_final_batch
     val_padded = 1.0
-    if val_steps is not None:  # Keras counts the padding among the examples it averages
-        val_padded = val_steps * global_batch / manifest.num_examples("val")
+    if val_weighted:  # Keras counts the padding among the examples it averages
+        val_padded = info_of(val).steps * global_batch / manifest.num_examples("val")
     return _Inputs(
         train,
         val,
@@ -223,6 +266,7 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
         repeated=info_of(train).options.repeat,
         val_steps=val_steps,
         val_padded=val_padded,
+        val_weighted=val_weighted,
     )
 
 
@@ -231,6 +275,8 @@ def _augment_on(config: TrainConfig, strategy: Any) -> str:
     tf.data service (its workers run graphs only), else ``"host"``; unless asked."""
     if config.augment_on != "auto":
         return config.augment_on
+    if isinstance(strategy, backend_lib.KerasDevices) and strategy.backend == "torch":
+        return "host"
     accelerator = strategy.chute_kind in ("tpu", "gpu", "multi-gpu")
     return "device" if accelerator or config.data_service else "host"
 
@@ -283,8 +329,9 @@ def _val_split(
 
     Keras's fit on several hosts: each host validates its own share, padded to the
     largest share's batches (weight 0 on the padding), repeated for every epoch.
-    Otherwise one pipeline; chute's multi-worker loop validates the whole split on
-    each worker.
+    On several JAX devices: one pipeline, its last batch padded too (Keras splits
+    every batch evenly over the devices). Otherwise one pipeline; chute's
+    multi-worker loop validates the whole split on each worker.
     """
     if manifest.num_examples("val") == 0:
         return None, None
@@ -302,6 +349,8 @@ def _val_split(
         )
         return val, info_of(val).steps
     global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
+    if isinstance(strategy, backend_lib.KerasDevices) and strategy.num_replicas_in_sync > 1:
+        evaluation["pad_final_batch"] = True
     return load(manifest, "val", read, batch_size=global_batch, **evaluation), None
 
 
@@ -322,9 +371,10 @@ def _built_model(
             num_classes=manifest.num_classes,
             weights=config.weights,
         )
-        if strategy.num_replicas_in_sync > 1:
+        if strategy.num_replicas_in_sync > 1 and config.backend == "tensorflow":
             # Batch statistics over the global batch, as on one device; every
             # replica (and worker) then also keeps the same moving statistics.
+            # (On JAX they are already: one program runs over the whole sharded batch.)
             for layer in _all_layers(model):
                 if isinstance(layer, keras.layers.BatchNormalization):
                     layer.synchronized = True
@@ -416,7 +466,7 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
         )
         # Padded validation batches weigh the padding 0: metrics that count weights
         metrics = make_metrics(config, model.output_shape[-1])
-        padded = inputs.val_steps is not None
+        padded = inputs.val_weighted
         trainer.compile(
             optimizer=make_optimizer(
                 config, inputs.steps, learning_rate=phase.learning_rate, epochs=phase.epochs
@@ -425,7 +475,7 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
             metrics=None if padded else metrics,
             weighted_metrics=metrics if padded else None,
             steps_per_execution=config.steps_per_execution
-            or strategy_lib.STEPS_PER_EXECUTION.get(strategy.chute_kind, 1),
+            or backend_lib.steps_per_execution(strategy),
         )
     timer = _EpochTimer()
     kept = trainable.progress(run, phase.name, inputs.monitor, config.early_stopping)
@@ -458,16 +508,23 @@ def _save_best(model, manifest, run, config: TrainConfig, precision: str, strate
     if storage.exists(best):
         model = load_model(best)
     return save_bundle(
-        trainable.in_float32(model),  # predict runs on CPUs: float32 layers, same weights
+        trainable.portable(model),  # float32 layers, same weights: predicts anywhere
         run.bundle,
         class_names=manifest.class_names,
         image=manifest.image,
         crop_fraction=inputs.crop_fraction,
-        info={"data": manifest.location, "model": config.model, "precision": precision},
+        info={
+            "data": manifest.location,
+            "model": config.model,
+            "precision": precision,
+            "backend": config.backend,
+        },
     )
 
 
-def _result(run, bundle, inputs: _Inputs, history, seconds, strategy, precision) -> TrainResult:
+def _result(
+    run, bundle, inputs: _Inputs, history, seconds, strategy, precision, backend
+) -> TrainResult:
     best = max(history[inputs.monitor]) if history.get(inputs.monitor) else None
     per_epoch = float(np.median(seconds)) if seconds else 0.0
     return TrainResult(
@@ -483,6 +540,7 @@ def _result(run, bundle, inputs: _Inputs, history, seconds, strategy, precision)
         strategy=strategy.chute_kind,
         precision=precision,
         resumed=run.resumed,
+        backend=backend,
     )
 
 

@@ -35,8 +35,11 @@ log = logging.getLogger(__name__)
 def with_augmentation(model: Any, augmentation: DeviceAugmentation) -> Any:
     """A model that trains ``model``, augmenting each batch first inside its train step.
 
-    Predictions and evaluation are ``model``'s own; only ``fit`` augments.
+    Predictions and evaluation are ``model``'s own; only ``fit`` augments. On JAX
+    the train step is a pure function of the model's state: the augmentation
+    layers' seeds are among its non-trainable variables, advanced step by step.
     """
+    jax = keras.backend.backend() == "jax"
 
     class AugmentedTraining(keras.Model):
         def __init__(self):
@@ -47,8 +50,10 @@ def with_augmentation(model: Any, augmentation: DeviceAugmentation) -> Any:
         def call(self, images, training=False):
             return self.base(images, training=training)
 
-        def train_step(self, data):
-            images, labels, weights = keras.utils.unpack_x_y_sample_weight(data)
+        def train_step(self, *args):
+            if jax:
+                return _jax_train_step(self, augmentation, *args)
+            images, labels, weights = keras.utils.unpack_x_y_sample_weight(args[0])
             if augmentation.mixing:
                 images, labels = augmentation(images, labels)
             else:
@@ -56,6 +61,33 @@ def with_augmentation(model: Any, augmentation: DeviceAugmentation) -> Any:
             return super().train_step(keras.utils.pack_x_y_sample_weight(images, labels, weights))
 
     return AugmentedTraining()
+
+
+def _jax_train_step(trainer: Any, augmentation: DeviceAugmentation, state, data):
+    """Keras's JAX train step on the batch augmented: the augmentation runs statelessly
+    on the step's own copy of the non-trainable variables (its seeds among them)."""
+    trainable_values, non_trainable_values, optimizer_values, metrics_values = state
+    images, labels, weights = keras.utils.unpack_x_y_sample_weight(data)
+    variables = trainer.non_trainable_variables
+    mapping = list(zip(variables, non_trainable_values, strict=True))
+    with keras.StatelessScope(state_mapping=mapping) as scope:
+        images, labels = _augmented(augmentation, images, labels)
+    non_trainable_values = [scope.get_current_value(v) for v in variables]
+    state = (trainable_values, non_trainable_values, optimizer_values, metrics_values)
+    data = keras.utils.pack_x_y_sample_weight(images, labels, weights)
+    return super(type(trainer), trainer).train_step(state, data)
+
+
+def _augmented(augmentation: DeviceAugmentation, images, labels):
+    """What ``augmentation(images, labels)`` does, in Keras ops (any backend, in a step)."""
+    ops = keras.ops
+    out = ops.cast(images, "float32")
+    for layer in augmentation.layers:
+        out = layer(out, training=True)
+    for layer in augmentation.mixing:
+        mixed = layer({"images": out, "labels": labels}, training=True)
+        out, labels = mixed["images"], mixed["labels"]
+    return ops.cast(ops.clip(ops.round(out), 0, 255), "uint8"), labels
 
 
 def backbone_of(model: Any) -> Any | None:
@@ -147,20 +179,22 @@ def progress(run: Any, phase: str, monitor: str, patience: int | None) -> Any:
     return Progress()
 
 
-def in_float32(model: Any) -> Any:
-    """``model`` with every layer's dtype policy float32 and the same weights (itself
-    when it already is): a bundle trained in mixed precision predicts in float32 on
-    a CPU."""
+def portable(model: Any) -> Any:
+    """``model`` as a bundle keeps it, to predict on any device and Keras backend (itself
+    when it already is): every layer's dtype policy float32 (a model trained in mixed
+    precision predicts in float32 on a CPU), and BatchNormalization without
+    ``synchronized`` (a tf.distribute training option the other backends refuse to
+    load); same weights."""
     config = model.get_config()
-    if not _to_float32(config):
+    if not _portable_config(config):
         return model
     rebuilt = model.__class__.from_config(config)
     rebuilt.set_weights(model.get_weights())
     return rebuilt
 
 
-def _to_float32(config: Any) -> bool:
-    """Replaces mixed-precision dtype policies in a layer config, in place; True if any."""
+def _portable_config(config: Any) -> bool:
+    """Rewrites a model config in place as :func:`portable` says; True if anything changed."""
     changed = False
     if isinstance(config, dict):
         if config.get("class_name") == "DTypePolicy":
@@ -168,9 +202,12 @@ def _to_float32(config: Any) -> bool:
             if name.startswith("mixed_"):
                 config["config"]["name"] = "float32"
                 return True
+        if config.get("class_name") == "BatchNormalization":
+            layer = config.get("config", {})
+            changed |= bool(layer.pop("synchronized", False))  # its default: False
         for value in config.values():
-            changed |= _to_float32(value)
+            changed |= _portable_config(value)
     elif isinstance(config, list):
         for value in config:
-            changed |= _to_float32(value)
+            changed |= _portable_config(value)
     return changed

@@ -1,0 +1,261 @@
+"""Which Keras backend a run trains on, and its devices when that is not TensorFlow.
+
+Keras 3 runs on TensorFlow, JAX or torch; which one is fixed when Keras is
+imported (``KERAS_BACKEND``, else ``keras.json``'s ``"backend"``) and cannot
+change in that process. :func:`resolve` returns the backend of a run, sets
+``KERAS_BACKEND`` while Keras is not imported yet (what ``chute train
+--backend`` relies on), and refuses a backend other than the one running.
+
+On TensorFlow, a run trains under a ``tf.distribute`` strategy
+(:mod:`chute.fit.strategy`). On JAX and torch, :func:`devices` returns a
+:class:`KerasDevices` instead: the few things ``chute train`` uses of a strategy
+(``scope()``, ``num_replicas_in_sync``, ``chute_kind``), backed by
+``keras.distribution.DataParallel`` over every local device on JAX, or one
+device on torch. Either way the input is chute's tf.data pipeline, so
+TensorFlow is first kept off the accelerators (:func:`keep_tensorflow_off_accelerators`):
+a TensorFlow that saw a TPU or the GPUs would take them from JAX or torch.
+
+Example:
+    >>> resolve("jax")  # doctest: +SKIP
+    'jax'
+    >>> devices("jax", "auto").describe()  # doctest: +SKIP
+    'jax cpu: 4 device(s)'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from chute import checks
+from chute.errors import ChuteError
+from chute.fit import strategy as strategy_lib
+from chute.lazy import keras, tf
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("tensorflow", "jax", "torch")
+# What to install when a backend's package is missing.
+INSTALL = {
+    "tensorflow": "pip install tensorflow (or tensorflow-cpu)",
+    "jax": "pip install 'chute[jax]' (or jax[cpu], jax[cuda12], jax[tpu])",
+    "torch": "pip install torch",
+}
+# Steps per compiled call, by device kind: as under tf.distribute (see
+# strategy.STEPS_PER_EXECUTION), and 1 on torch, which Keras allows no other.
+_STEPS_PER_EXECUTION = {"tpu": 64, "gpu": 8, "cpu": 1}
+
+
+def configured() -> str:
+    """The backend Keras runs on, or will when imported: ``KERAS_BACKEND``, else
+    ``keras.json``'s (in ``KERAS_HOME`` or ``~/.keras``), else ``"tensorflow"``;
+    without importing Keras.
+
+    Example:
+        >>> os.environ["KERAS_BACKEND"] = "jax"; configured()  # doctest: +SKIP
+        'jax'
+    """
+    if "keras" in sys.modules:
+        return keras.backend.backend()
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as handle:
+            return str(json.load(handle).get("backend", "tensorflow"))
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
+
+
+def resolve(requested: str | None = None) -> str:
+    """The backend a run trains on: ``requested``, or Keras's configured one.
+
+    While Keras is not imported yet, ``requested`` is honoured by setting
+    ``KERAS_BACKEND`` (what the CLI's ``--backend`` does); once it is, only the
+    backend it runs can be used.
+
+    Raises:
+        ChuteError: ``requested`` is not a backend; its package is not installed;
+            or Keras already runs another backend in this process.
+    """
+    if requested is not None:
+        checks.one_of("backend", requested, BACKENDS)
+        _check_installed(requested, f"backend={requested!r}")
+        if "keras" not in sys.modules:
+            os.environ["KERAS_BACKEND"] = requested
+    name = configured()
+    if requested is not None and name != requested:
+        raise ChuteError(
+            f"`backend` is {requested!r} but Keras already runs on {name!r} in this process "
+            "(a Keras backend is chosen once, when Keras is imported). Received: "
+            f"backend={requested!r}; start a new process with KERAS_BACKEND={requested} "
+            f"(or `chute train --backend {requested}`), or pass backend={name!r} or None"
+        )
+    if name not in BACKENDS:
+        raise checks.bad_value("KERAS_BACKEND", name, f"one of {list(BACKENDS)} for chute train")
+    _check_installed(name, f"backend={requested!r}; Keras's configured backend: {name!r}")
+    log.info("Keras backend: %s", keras.backend.backend())  # imports Keras, on that backend
+    return name
+
+
+def _check_installed(name: str, received: str) -> None:
+    if importlib.util.find_spec(name) is None:
+        raise ChuteError(
+            f"The Keras backend {name!r} is not installed: {INSTALL[name]}. Received: {received}"
+        )
+
+
+def keep_tensorflow_off_accelerators() -> None:
+    """Hides GPUs and TPUs from TensorFlow, which then only reads and prepares input:
+    JAX or torch trains on them. Must come before TensorFlow runs anything; a
+    TensorFlow that already holds one is reported (set ``CUDA_VISIBLE_DEVICES``
+    for it, or install ``tensorflow-cpu``)."""
+    for kind in ("GPU", "TPU"):
+        try:
+            tf.config.set_visible_devices([], kind)
+        except RuntimeError:  # TensorFlow's devices are initialised: too late to hide them
+            held = tf.config.list_logical_devices(kind)
+            if held:
+                log.warning(
+                    "TensorFlow already holds %d %s(s), which the %s backend needs: start "
+                    "the run in a fresh process, or install tensorflow-cpu for the reader",
+                    len(held),
+                    kind,
+                    keras.backend.backend(),
+                )
+        except ValueError:  # this TensorFlow has no such device type
+            continue
+    log.info("input pipeline: TensorFlow on the CPU only (GPUs and TPUs hidden from it)")
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasDevices:
+    """The devices of a JAX or torch run, with what ``chute train`` uses of a
+    ``tf.distribute`` strategy.
+
+    Attributes:
+        backend: ``"jax"`` or ``"torch"``.
+        chute_kind: the devices' kind: ``"tpu"``, ``"gpu"`` or ``"cpu"``.
+        devices: the devices, as Keras names them (``"cpu:0"``, ...).
+        distribution: the ``keras.distribution.DataParallel`` over them (JAX), or
+            None (one device).
+        gpu_mixed_float16: every GPU computes float16 fast (compute capability 7.0+).
+    """
+
+    backend: str
+    chute_kind: str
+    devices: tuple[str, ...]
+    distribution: Any = None
+    gpu_mixed_float16: bool = False
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Devices one training step runs on (each takes its share of the global batch)."""
+        return len(self.devices)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs among the devices."""
+        return len(self.devices) if self.chute_kind == "gpu" else 0
+
+    @property
+    def steps_per_execution(self) -> int:
+        """Steps per compiled call unless asked: many on a TPU, 1 on torch."""
+        return 1 if self.backend == "torch" else _STEPS_PER_EXECUTION[self.chute_kind]
+
+    def scope(self) -> Any:
+        """The distribution made current (variables made in it are replicated on every
+        device, and Keras splits each batch over them); on torch, its device."""
+        if self.distribution is not None:
+            return self.distribution.scope()
+        if self.backend == "torch":  # Keras on torch places tensors on the device in scope
+            return keras.device(self.devices[0])
+        return contextlib.nullcontext()
+
+    def describe(self) -> str:
+        """For logs and the CLI: ``"jax cpu: 4 device(s)"``."""
+        return f"{self.backend} {self.chute_kind}: {len(self.devices)} device(s)"
+
+
+def devices(backend: str, kind: str = "auto", *, tpu: str | None = None) -> KerasDevices:
+    """The devices a JAX or torch run trains on (``kind`` as the ``strategy`` option).
+
+    JAX: every local device of the kind (``auto``: TPU chips, else GPUs, else the
+    CPU devices), in one ``DataParallel``. torch: one device.
+
+    Raises:
+        ChuteError: a kind that is not there, a TensorFlow-only option
+            (``multiworker``, ``tpu``), or several GPUs for torch.
+    """
+    checks.one_of("strategy", kind, strategy_lib.KINDS)
+    if kind == "multiworker":
+        raise ChuteError(
+            f"`strategy` 'multiworker' is TensorFlow's MultiWorkerMirroredStrategy; the {backend} "
+            "backend trains on this host's devices only. Received: strategy='multiworker'; use "
+            "--backend tensorflow for several workers"
+        )
+    if tpu is not None:
+        raise ChuteError(
+            f"`tpu` names a TPU for TensorFlow to connect to; the {backend} backend finds "
+            f"this host's TPU chips by itself. Received: tpu={tpu!r}; leave it out, or use "
+            "--backend tensorflow"
+        )
+    found = _jax_devices(kind) if backend == "jax" else _torch_device(kind)
+    log.info("devices: %s (%s)", found.describe(), ", ".join(found.devices))
+    return found
+
+
+def _jax_devices(kind: str) -> KerasDevices:
+    import jax
+
+    wanted = None if kind == "auto" else kind
+    try:
+        names = keras.distribution.list_devices(wanted)
+    except RuntimeError as error:  # JAX has no such platform here
+        raise ChuteError(
+            f"`strategy` is {kind!r} but JAX finds no {kind.upper()} here ({error}). "
+            f"Received: strategy={kind!r}"
+        ) from None
+    platform = names[0].split(":")[0]
+    local = jax.local_devices(backend=platform)
+    fast_fp16 = platform == "gpu" and all(
+        float(getattr(d, "compute_capability", "0") or 0) >= 7.0 for d in local
+    )
+    distribution = keras.distribution.DataParallel(devices=names)
+    return KerasDevices("jax", platform, tuple(names), distribution, fast_fp16)
+
+
+def _torch_device(kind: str) -> KerasDevices:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "tpu":
+        raise ChuteError(
+            "`strategy` is 'tpu' but the torch backend trains on a GPU or the CPU. "
+            "Received: strategy='tpu'; use --backend jax or --backend tensorflow on a TPU"
+        )
+    if kind == "gpu" and gpus == 0:
+        raise ChuteError("`strategy` is 'gpu' but torch sees no GPU on this machine")
+    if kind != "cpu" and gpus > 1:
+        raise ChuteError(
+            f"The torch backend trains on one device; torch sees {gpus} GPUs. To train on all "
+            "of them use --backend jax or --backend tensorflow; for one, set "
+            "CUDA_VISIBLE_DEVICES=0. Received: backend='torch'"
+        )
+    if kind != "cpu" and gpus == 1:
+        fast_fp16 = torch.cuda.get_device_capability(0) >= (7, 0)
+        return KerasDevices("torch", "gpu", ("cuda:0",), None, fast_fp16)
+    return KerasDevices("torch", "cpu", ("cpu",))
+
+
+def steps_per_execution(strategy: Any) -> int:
+    """Steps per compiled call for a strategy or :class:`KerasDevices`, unless asked."""
+    if isinstance(strategy, KerasDevices):
+        return strategy.steps_per_execution
+    return strategy_lib.STEPS_PER_EXECUTION.get(strategy.chute_kind, 1)
