@@ -6,11 +6,12 @@ Helpers the tests call directly live in the plain module ``helpers``.
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import make_folder
+from helpers import FAST_TRAINING, make_folder, once_per_run
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -25,12 +26,50 @@ def folder(tmp_path: Path) -> Path:
     return make_folder(tmp_path / "src", {"a": 10, "b": 8, "c": 6})
 
 
+# The session fixtures below are built once for the whole run (every pytest-xdist worker
+# reads the same folder, see helpers.once_per_run): tests only read them; one that needs to
+# change them copies them into its tmp_path first.
+
+
 @pytest.fixture(scope="session")
 def shared_dataset(tmp_path_factory) -> Path:
     """A converted dataset shared by read-only tests: 3 classes, train/val, raw 12x10."""
-    import chute
 
-    root = tmp_path_factory.mktemp("shared")
-    src = make_folder(root / "src", {"a": 10, "b": 8, "c": 6})
-    chute.convert(src, root / "out", val_fraction=0.25, min_shards=2, workers=1)
-    return root / "out"
+    def build(root: Path) -> None:
+        import chute
+
+        src = make_folder(root / "src", {"a": 10, "b": 8, "c": 6})
+        chute.convert(src, root / "out", val_fraction=0.25, min_shards=2, workers=1)
+
+    return once_per_run(tmp_path_factory, "shared", build) / "out"
+
+
+@pytest.fixture(scope="session")
+def train_data(tmp_path_factory) -> Path:
+    """Converted data to train on: 3 classes x 16 random grayscale 16x16 PNGs at
+    ``image_size=16``, ``val_fraction=0.25``: train 36, val 12, one raw shard each. Its
+    source images are ``manifest.source["location"]``."""
+
+    def build(root: Path) -> None:
+        import chute
+
+        src = make_folder(root / "src", {"a": 16, "b": 16, "c": 16}, size=(16, 16))
+        chute.convert(src, root / "shards", image_size=16, val_fraction=0.25, workers=1)
+
+    return once_per_run(tmp_path_factory, "train-data", build) / "shards"
+
+
+@pytest.fixture(scope="session")
+def trained_run(train_data, tmp_path_factory):
+    """``(run_dir, TrainResult)`` of a finished ``chute.train(train_data, run_dir,
+    **helpers.FAST_TRAINING)`` (2 epochs), for tests that need a trained run and only
+    read it: the result is the one ``train`` returned, pickled beside the run."""
+
+    def build(root: Path) -> None:
+        import chute
+
+        result = chute.train(train_data, root / "run", **FAST_TRAINING)
+        (root / "result.pickle").write_bytes(pickle.dumps(result))
+
+    root = once_per_run(tmp_path_factory, "trained-run", build)
+    return root / "run", pickle.loads((root / "result.pickle").read_bytes())

@@ -5,8 +5,11 @@ A plain module (tests import it as ``helpers``); fixtures live in ``conftest.py`
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +55,37 @@ def make_folder(
                 seed=seed * 100003 + c * 1000 + i,
             )
     return root
+
+
+FAST_TRAINING = dict(model="kannada-cnn", epochs=2, batch_size=8, strategy="cpu", verbose=0)
+"""``chute.train``'s options for the smallest real run (the session's ``trained_run``)."""
+
+
+def once_per_run(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """The folder ``name`` that ``build(folder)`` filled, built once for the whole test run.
+
+    Under pytest-xdist a session fixture is built once per worker; this builds it once
+    for all of them: the first worker to ask builds it while the others wait on a lock
+    file, then every worker reads the same finished folder (read it, never change it).
+    Where there is no ``fcntl`` (Windows), each worker builds its own.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - POSIX test machines have it
+        fcntl = None
+    base = tmp_path_factory.getbasetemp()
+    if fcntl is not None and os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder, done = base / name, base / f"{name}.done"
+    with open(base / f"{name}.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed build left
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
 
 
 def run_here(*args: str | Path) -> subprocess.CompletedProcess:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from helpers import make_folder, run_cli, run_here
 from PIL import Image
 
@@ -60,8 +61,13 @@ def test_grid_draws_every_class_row(shared_dataset, tmp_path, capsys):
     assert "grid of sample images" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # draws its sample images in worker processes
 def test_demo_runs_small(tmp_path):
-    result = run_here("demo", tmp_path / "demo", "--classes", "3", "--per-class", "12")
+    # Every step (draw, convert, inspect, grid, verify, train, classify held-out images)
+    # runs; one epoch is enough for that.
+    result = run_here(
+        "demo", tmp_path / "demo", "--classes", "3", "--per-class", "12", "--epochs", "1"
+    )
     assert result.returncode == 0, result.stderr
     assert "ok:" in result.stdout and "grid.png" in result.stdout
     assert (tmp_path / "demo" / "shards" / "manifest.json").exists()

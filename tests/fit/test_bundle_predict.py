@@ -562,3 +562,35 @@ def test_predict_scores_a_file_as_evaluate_scores_its_record(tmp_path, options):
     for prediction, row in zip(scores.predictions, expected, strict=True):
         got = dict(prediction.top)
         np.testing.assert_allclose([got["a"], got["b"]], row, rtol=1e-5)
+
+
+# -- the predict command's exit status ---------------------------------------------------
+
+
+def test_cli_predict_fails_when_no_input_was_classified(bundle_dir: Path, images: Path):
+    from helpers import run_here
+
+    result = run_here("predict", bundle_dir, images / "imgs" / "notes.jpg")
+    assert result.returncode == 1, result.stderr
+    assert f"could not classify {images / 'imgs' / 'notes.jpg'}" in result.stderr
+    assert "chute predict: error: none of the 1 input(s) could be classified" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_predict_partial_success_exits_0_and_reports_the_failures(
+    bundle_dir: Path, images: Path
+):
+    from helpers import run_here
+
+    result = run_here(
+        "predict", bundle_dir, images / "imgs" / "notes.jpg", images / "single.bmp", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert [Path(p["path"]).name for p in body["predictions"]] == ["single.bmp"]
+    assert [Path(f["path"]).name for f in body["failures"]] == ["notes.jpg"]
+    assert "could not classify" in result.stderr and "error:" not in result.stderr
+    help_text = " ".join(run_here("predict", "--help").stdout.split())
+    assert (
+        "0 when at least one image was classified" in help_text and "1 when none was" in help_text
+    )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import all_records, decode, make_folder, run_cli, tree_bytes
+from helpers import all_records, decode, make_folder, run_here, tree_bytes
 
 import chute
 from chute import cli
@@ -133,7 +133,7 @@ def test_beam_writes_to_a_tensorflow_filesystem(tmp_path):
 def test_cli_runner_converts_with_beam_options_then_verifies(tmp_path):
     src = make_folder(tmp_path / "src", {"a": 6, "b": 5}, mode="RGB", size=(9, 7))
     out = tmp_path / "out"
-    done = run_cli(
+    done = run_here(
         "convert", src, out, "--val-fraction", "0.2", "--no-progress",
         "--runner", "DirectRunner", *DIRECT,
     )  # fmt: skip
@@ -141,7 +141,7 @@ def test_cli_runner_converts_with_beam_options_then_verifies(tmp_path):
     assert "on Beam's DirectRunner" in done.stdout
     manifest = chute.load_manifest(out)
     assert manifest.image.channels == 3 and manifest.num_examples("val") == 2
-    checked = run_cli("verify", out, "--no-progress")
+    checked = run_here("verify", out, "--no-progress")
     assert checked.returncode == 0, checked.stderr
     assert "ok: 2 shards, 11 records" in checked.stdout
 

@@ -25,7 +25,7 @@ from chute.errors import ChuteError
 from chute.lazy import tf
 from chute.read import service
 
-PER_CLASS = 500  # 1,000 records in 8 shards, batches of 4: with no worker lost, an epoch
+PER_CLASS = 100  # 200 records in 8 shards, batches of 4: with no worker lost, an epoch
 BATCH = 4  # holds every record (each worker's short last batch is regrouped by the reader)
 
 
@@ -51,6 +51,8 @@ def dispatcher(tmp_path_factory):
     ] * 2
     procs = []
     try:
+        # All three start at once (each imports TensorFlow for seconds): the workers keep
+        # trying to register until the dispatcher is up.
         for i, command in enumerate(commands):
             with open(logs / f"{i}.log", "w") as log:
                 procs.append(
@@ -60,12 +62,11 @@ def dispatcher(tmp_path_factory):
                         stderr=subprocess.STDOUT,
                     )
                 )
-            if i == 0:
-                deadline = time.monotonic() + 120
-                while not _listening(port):
-                    if time.monotonic() > deadline or procs[0].poll() is not None:
-                        pytest.fail(f"no dispatcher on port {port}: {(logs / '0.log').read_text()}")
-                    time.sleep(0.2)
+        deadline = time.monotonic() + 120
+        while not _listening(port):
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                pytest.fail(f"no dispatcher on port {port}: {(logs / '0.log').read_text()}")
+            time.sleep(0.2)
         yield f"grpc://127.0.0.1:{port}"
     finally:
         for proc in procs:
@@ -111,6 +112,12 @@ def _check_epoch(examples, expected) -> None:
     assert got == expected, (len(got), len(expected))  # at most once, and none lost
 
 
+# One dispatcher (three processes) per pytest worker that runs these tests: under
+# `--dist loadgroup` they all run on one worker.
+SERVICE = pytest.mark.xdist_group("data-service")
+
+
+@SERVICE
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_each_epoch_holds_every_example_at_most_once_in_a_new_order(dispatcher, data):
@@ -124,6 +131,7 @@ def test_each_epoch_holds_every_example_at_most_once_in_a_new_order(dispatcher, 
     assert ds.element_spec[0].shape.as_list() == [BATCH, 6, 6, 1]
 
 
+@SERVICE
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_strategy_reads_through_the_service_with_distribute_datasets_from_function(
@@ -138,6 +146,7 @@ def test_a_strategy_reads_through_the_service_with_distribute_datasets_from_func
     _check_epoch(_examples(distributed), _source(src))
 
 
+@SERVICE
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_evaluation_reads_locally_every_example_once_in_order(dispatcher, data):
@@ -157,6 +166,7 @@ def _levels(root: Path) -> Path:
     return root
 
 
+@SERVICE
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_train_through_the_service_learns_as_well_as_reading_locally(dispatcher, tmp_path):
@@ -182,13 +192,13 @@ def test_train_through_the_service_learns_as_well_as_reading_locally(dispatcher,
 
 
 @pytest.mark.parametrize("address", ["nowhere", "grpc://host", "host:99999", 5050])
-def test_a_bad_address_names_the_argument(data, address):
+def test_a_bad_address_names_the_argument(shared_dataset, address):
     with pytest.raises(ChuteError, match=r"`data_service` must be a dispatcher address.*Received"):
-        chute.load(data[1], data_service=address)
+        chute.load(shared_dataset, data_service=address)
 
 
-def test_what_the_service_cannot_run_is_refused_with_the_way_out(data):
-    out = data[1]
+def test_what_the_service_cannot_run_is_refused_with_the_way_out(shared_dataset):
+    out = shared_dataset
     with pytest.raises(ChuteError, match="skip_corrupt"):
         chute.load(out, data_service="127.0.0.1:1", skip_corrupt=True)
     with pytest.raises(ChuteError, match="augment_on='device'"):
