@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_folder, write_image
+from helpers import make_folder, once_per_run, write_image
 
 import chute
 from chute import ChuteError
@@ -36,12 +36,10 @@ PER_REPLICA = 6  # 36 training images: 3 steps of a global batch of 12 per epoch
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    """3 classes x 16 grayscale 16x16 images: train 36, val 12 (one shard per split)."""
-    root = tmp_path_factory.mktemp("dist-data")
-    src = make_folder(root / "src", {"a": 16, "b": 16, "c": 16}, size=(16, 16))
-    chute.convert(src, root / "shards", image_size=16, val_fraction=0.25, workers=1)
-    return root / "shards"
+def data(train_data) -> Path:
+    """3 classes x 16 grayscale 16x16 images: train 36, val 12 (one shard per split); the
+    session's (conftest.py's ``train_data``), shared with other modules: read only."""
+    return train_data
 
 
 # --- running scripts in fresh processes ----------------------------------------------------
@@ -128,8 +126,13 @@ def _free_ports(count: int) -> list[int]:
 # moves weights by about as much as training itself does (~1e-2 and more).
 # The comparison runs also fix steps_per_execution=1; chute's own choice for the kind is
 # exercised, with the real model, by the `defaults` run and its own test.
+#
+# A second MirroredStrategy training in the same process failed in a collective reduce (Adam,
+# TF 2.21) in our runs, so the script runs in two processes side by side: mode "mirrored" (the
+# compared MirroredStrategy run) and mode "others" (the `defaults` run, then the compared
+# one-device run, which builds the same initial weights from the seed whatever ran before).
 MIRRORED_SCRIPT = """
-import json, math, sys
+import json, math, os, sys
 import tensorflow as tf
 
 cpu = tf.config.list_physical_devices("CPU")[0]
@@ -142,7 +145,7 @@ from chute.fit import models
 from chute.fit import strategy as strategy_lib
 
 data, out, seed, per_replica = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-mode = sys.argv[5]  # "compare", or "defaults" (one MirroredStrategy run per process)
+mode = sys.argv[5]  # "mirrored", or "others" (one MirroredStrategy run per process)
 real_auto, real_build = strategy_lib.auto_strategy, models.build_model
 
 
@@ -187,52 +190,68 @@ def run(name, **options):
 
 same = {"epochs": 2, "optimizer": "sgd", "learning_rate": 0.003, "steps_per_execution": 1}
 results = {}
-if mode == "defaults":
+if mode == "others":
     # The real model and every option at chute's defaults for this kind of strategy.
     results["defaults"] = run("defaults", strategy="auto", batch_size=per_replica, epochs=1)
-    print("CHUTE_RESULT " + json.dumps(results), flush=True)
-    sys.exit(0)
 models.build_model = exact_build
-results["mirrored"] = run("mirrored", strategy="auto", batch_size=per_replica, **same)
-np.savez(f"{out}/mirrored-initial.npz", *initial.pop("weights", []))
-results["single"] = run("single", strategy="cpu", batch_size=2 * per_replica, **same)
-np.savez(f"{out}/single-initial.npz", *initial.pop("weights", []))
+if mode == "mirrored":
+    name = "mirrored"
+    results[name] = run(name, strategy="auto", batch_size=per_replica, **same)
+else:
+    name = "single"
+    results[name] = run(name, strategy="cpu", batch_size=2 * per_replica, **same)
+np.savez(f"{out}/{name}-initial.npz", *initial.pop("weights", []))
 
 images = next(iter(chute.load(data, "val", batch_size=12, training=False)))[0]
-for name in ("mirrored", "single"):
-    if "error" not in results[name]:
-        model = keras.models.load_model(f"{out}/{name}/checkpoints/last.keras")
-        np.savez(f"{out}/{name}-final.npz", *[np.array(w) for w in model.get_weights()])
-        np.save(f"{out}/{name}-probs.npy", model.predict(images, verbose=0))
+if "error" not in results[name]:
+    model = keras.models.load_model(f"{out}/{name}/checkpoints/last.keras")
+    np.savez(f"{out}/{name}-final.npz", *[np.array(w) for w in model.get_weights()])
+    np.save(f"{out}/{name}-probs.npy", model.predict(images, verbose=0))
 
 print("CHUTE_RESULT " + json.dumps(results), flush=True)
+# The results are out (flushed): skip the interpreter's teardown of TensorFlow (seconds).
+os._exit(0)
 """
 
 
 @pytest.fixture(scope="module")
 def mirrored(data, tmp_path_factory) -> tuple[dict, Path]:
-    """Runs the MirroredStrategy script once; its JSON results and output folder."""
-    out = tmp_path_factory.mktemp("mirrored")
-    script = out / "mirrored.py"
-    script.write_text(textwrap.dedent(MIRRORED_SCRIPT))
-    results = {}
-    # A second MirroredStrategy training in the same process failed in a collective
-    # reduce (Adam, TF 2.21) in our runs, so each mode runs in its own process.
-    for mode in ("compare", "defaults"):
-        log = out / f"mirrored-{mode}"
-        proc = _start(script, data, out, SEED, PER_REPLICA, mode, env=_env(), log=log)
+    """Runs the MirroredStrategy script's two processes once for the whole test run (its
+    tests may go to different pytest-xdist workers); their JSON results and output folder."""
+
+    def build(out: Path) -> None:
+        script = out / "mirrored.py"
+        script.write_text(textwrap.dedent(MIRRORED_SCRIPT))
+        modes = ("mirrored", "others")
+        logs = {mode: out / f"mirrored-{mode}" for mode in modes}
+        procs: dict[str, subprocess.Popen] = {}
         try:
-            proc.wait(timeout=200)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the MirroredStrategy script ran over 200 s\n{_errors(log)}")
+            for mode in modes:
+                args = (data, out, SEED, PER_REPLICA, mode)
+                procs[mode] = _start(script, *args, env=_env(), log=logs[mode])
+            deadline = time.monotonic() + 240
+            for mode, proc in procs.items():
+                try:
+                    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pytest.fail(
+                        f"the MirroredStrategy script ran over 240 s\n{_errors(logs[mode])}"
+                    )
         finally:
-            _stop(proc)
-        part = _result(log)
-        assert proc.returncode == 0 and part is not None, (
-            f"the MirroredStrategy script failed (exit {proc.returncode})\n{_errors(log)}"
-        )
-        results.update(part)
-    return results, out
+            for proc in procs.values():
+                _stop(proc)
+        results = {}
+        for mode, proc in procs.items():
+            part = _result(logs[mode])
+            assert proc.returncode == 0 and part is not None, (
+                f"the MirroredStrategy script ({mode}) failed (exit {proc.returncode})\n"
+                f"{_errors(logs[mode])}"
+            )
+            results.update(part)
+        (out / "results.json").write_text(json.dumps(results))
+
+    out = once_per_run(tmp_path_factory, "mirrored", build)
+    return json.loads((out / "results.json").read_text()), out
 
 
 def _weights(path: Path) -> list[np.ndarray]:
@@ -283,84 +302,10 @@ def test_mirrored_over_two_logical_cpus_trains_with_chute_defaults(mirrored):
     assert (out / "defaults" / "bundle" / "model.keras").is_file()
 
 
-# --- MultiWorkerMirroredStrategy over 2 processes ---------------------------------------------
-
-WORKER_SCRIPT = """
-import json, sys
-import keras
-import numpy as np
-import chute
-
-data, run_dir, seed, per_replica = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-result = chute.train(data, run_dir, model="kannada-cnn", strategy="multiworker", epochs=1,
-                     batch_size=per_replica, seed=seed, verbose=0)
-model = keras.models.load_model(f"{result.run_dir}/checkpoints/last.keras")
-weights = [np.array(w, dtype=np.float64) for w in model.get_weights()]
-np.savez(f"{run_dir}/final.npz", *weights)
-print("CHUTE_RESULT " + json.dumps({
-    "replicas": result.replicas,
-    "global_batch_size": result.global_batch_size,
-    "strategy": result.strategy,
-    "sum_abs": float(sum(np.abs(w).sum() for w in weights)),
-    "first": np.concatenate([w.ravel() for w in weights])[:8].tolist(),
-}), flush=True)
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_multiworker_two_local_processes_end_with_the_same_weights(data, tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(textwrap.dedent(WORKER_SCRIPT))
-    ports = _free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    logs = [tmp_path / f"worker{i}" for i in range(2)]
-    runs = [tmp_path / f"run{i}" for i in range(2)]  # each worker writes its own run_dir
-    procs: list[subprocess.Popen] = []
-    try:
-        for index in range(2):
-            tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-            env = _env(TF_CONFIG=json.dumps(tf_config))
-            procs.append(
-                _start(script, data, runs[index], SEED, PER_REPLICA, env=env, log=logs[index])
-            )
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs):
-                # One worker failed: the other waits on it in a collective; give it a moment.
-                deadline = min(deadline, time.monotonic() + 15)
-            time.sleep(0.5)
-        codes = [p.poll() for p in procs]
-    finally:
-        for proc in procs:
-            _stop(proc)
-    report = "\n".join(f"== worker {i} (exit {codes[i]}):\n{_errors(logs[i])}" for i in range(2))
-    assert codes == [0, 0], f"the workers did not both finish cleanly in 240 s\n{report}"
-
-    results = [_result(log) for log in logs]
-    assert all(results), report
-    for result in results:
-        assert result["strategy"] == "multiworker" and result["replicas"] == 2
-        assert result["global_batch_size"] == 2 * PER_REPLICA
-    chief = runs[0]
-    for name in ("bundle/model.keras", "checkpoints/best.keras", "history.csv", "curves.png"):
-        assert (chief / name).is_file(), name  # the chief writes the run directory
-    assert any((chief / "logs").rglob("*tfevents*"))
-    first, second = (_weights(run / "final.npz") for run in runs)
-    assert len(first) == len(second) > 0
-    differing = [
-        i for i, (a, b) in enumerate(zip(first, second, strict=True)) if not np.allclose(a, b)
-    ]
-    assert not differing, (
-        f"weights {differing} differ between the workers: {results[0]} vs {results[1]}"
-    )
-    assert math.isclose(results[0]["sum_abs"], results[1]["sum_abs"], rel_tol=1e-6)
-
-
 # --- Per-host input: each worker reads its own share of the shards -----------------------------
 
 READER_SCRIPT = """
-import hashlib, json, logging, sys
+import hashlib, json, logging, os, sys
 import tensorflow as tf
 import chute
 
@@ -375,6 +320,8 @@ for batch in dataset:
     for image, label in zip(images, labels):
         keys.append(f"{int(label)}:{hashlib.sha256(image.tobytes()).hexdigest()[:16]}")
 print("CHUTE_RESULT " + json.dumps({"batches": batches, "keys": keys}), flush=True)
+# The results are out (flushed): skip the interpreter's teardown of TensorFlow (seconds).
+os._exit(0)
 """
 
 
@@ -421,7 +368,7 @@ def test_each_worker_reads_its_own_shards_for_the_same_number_of_steps(
     assert sum(len(keys) for keys in sets) == len(set().union(*sets)) == workers * steps * 4
 
 
-# --- Multi-worker resume ---------------------------------------------------------------------
+# --- MultiWorkerMirroredStrategy over 2 processes, killed and resumed -----------------------
 
 # Each worker backs up every epoch on its own (chute.fit.loop). A restarted run first agrees on
 # the last epoch all of them backed up: a worker killed after the chief's backup of an epoch and
@@ -510,19 +457,30 @@ def test_agreed_epoch_of_a_single_worker_is_its_own():
     assert loop._agreed_epoch(tf.distribute.OneDeviceStrategy("/cpu:0"), 0) == 0
 
 
-RESUME_EPOCHS = 4
+RESUME_EPOCHS = 3
+RESUME_BATCH = 8  # per replica: a global batch of 16
 
-# Trains the same run as every attempt of the kill-and-resume tests. STALL_BACKUP=n (first
-# attempt, worker 1 only) makes that worker's n-th backup never end, like a stuck write to a
-# bucket: it is killed there, after the chief backed up the same epoch.
+# Trains the same run as every attempt of the kill-and-resume run below, and saves the weights
+# it ends with. Worker 1's faults (one per attempt, from the environment):
+# STALL_BACKUP=n makes its n-th backup never end, like a stuck write to a bucket: it is killed
+# there by the test, after the chief backed up the same epoch. DIE_IN_EPOCH=n makes it SIGKILL
+# itself halfway through the n-th epoch it trains: after the other worker backed up the epoch
+# before (the steps so far are collectives, so the chief took part in them), before either
+# could back this one up.
 RESUME_SCRIPT = """
-import json, os, sys, time
+import json, logging, os, signal, sys, time
 import keras
 import numpy as np
 import tensorflow as tf
 import chute
+from chute.fit import loop
+
+# the loop's account (resuming from ..., epoch n: ...) on the worker's stderr
+logging.basicConfig(format="%(name)s: %(message)s")
+logging.getLogger("chute.fit.loop").setLevel(logging.INFO)
 
 data, run_dir, seed, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+batch_size = int(sys.argv[5])
 stall = int(os.environ.get("STALL_BACKUP", "0"))
 if stall:
     real_save, saves = tf.train.CheckpointManager.save, []
@@ -534,15 +492,43 @@ if stall:
         return real_save(self, *args, **kwargs)
 
     tf.train.CheckpointManager.save = save
+die = int(os.environ.get("DIE_IN_EPOCH", "0"))
+if die:
+    real_fit, real_steps, steps_per_epoch, done = loop.fit_multiworker, loop._steps, [], []
+
+    def fit_multiworker(*args, **kwargs):
+        steps_per_epoch.append(kwargs["steps"])
+        return real_fit(*args, **kwargs)
+
+    def steps(*args, **kwargs):
+        train_step, val_step = real_steps(*args, **kwargs)
+
+        def dying_step(iterator):
+            if len(done) == (die - 1) * steps_per_epoch[0] + steps_per_epoch[0] // 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            done.append(1)
+            return train_step(iterator)
+
+        return dying_step, val_step
+
+    loop.fit_multiworker, loop._steps = fit_multiworker, steps
 result = chute.train(data, run_dir, model="kannada-cnn", strategy="multiworker", epochs=epochs,
-                     batch_size=8, learning_rate=3e-3, seed=seed, verbose=0)
+                     batch_size=batch_size, learning_rate=3e-3, seed=seed, verbose=0)
 model = keras.models.load_model(f"{result.run_dir}/checkpoints/last.keras")
+weights = [np.asarray(w, np.float64) for w in model.get_weights()]
+np.savez(f"{run_dir}/final.npz", *weights)
 print("CHUTE_RESULT " + json.dumps({
     "epochs_run": result.epochs_run,
     "resumed": result.resumed,
     "final": result.final,
-    "sum_abs": float(sum(np.abs(np.asarray(w, np.float64)).sum() for w in model.get_weights())),
+    "replicas": result.replicas,
+    "global_batch_size": result.global_batch_size,
+    "strategy": result.strategy,
+    "sum_abs": float(sum(np.abs(w).sum() for w in weights)),
+    "first": np.concatenate([w.ravel() for w in weights])[:8].tolist(),
 }), flush=True)
+# The results are out (flushed): skip the interpreter's teardown of TensorFlow (seconds).
+os._exit(0)
 """
 
 
@@ -571,23 +557,25 @@ def _backed_up(backup: Path) -> int:
     return int(found[1].rsplit("-", 1)[1]) if found else 0
 
 
-def _kill_and_resume(data: Path, tmp_path: Path, *, stall: bool) -> dict:
-    """Starts 2 workers, SIGKILLs worker 1 mid-run and stops the chief; then starts both again
-    with the same command. Returns what each attempt left (backups, exit codes, results)."""
-    script = tmp_path / "resume.py"
+def _kill_and_resume(data: Path, root: Path) -> dict:
+    """Starts 2 workers, and again with the same command after each of worker 1's two deaths
+    (see ``resumed``). Returns what each attempt left (exit codes, backups, the chief's log;
+    the last one's results)."""
+    script = root / "resume.py"
     script.write_text(textwrap.dedent(RESUME_SCRIPT))
     cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
-    runs = [tmp_path / f"run{i}" for i in range(2)]
+    runs = [root / f"run{i}" for i in range(2)]
     backups = [runs[0] / "backup", runs[1] / "worker-1" / "backup"]
-    logs = {(a, i): tmp_path / f"attempt{a}-worker{i}" for a in (1, 2) for i in range(2)}
+    faults = {1: {"STALL_BACKUP": "2"}, 2: {"DIE_IN_EPOCH": "2"}, 3: {}}  # worker 1's
+    logs = {(a, i): root / f"attempt{a}-worker{i}" for a in faults for i in range(2)}
 
     def start(attempt: int) -> list[subprocess.Popen]:
         procs = []
         for index in range(2):
             tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-            extra = {"STALL_BACKUP": "2"} if stall and attempt == 1 and index == 1 else {}
+            extra = faults[attempt] if index == 1 else {}
             env = _env(TF_CONFIG=json.dumps(tf_config), **extra)
-            args = (data, runs[index], SEED, RESUME_EPOCHS)
+            args = (data, runs[index], SEED, RESUME_EPOCHS, RESUME_BATCH)
             procs.append(_start(script, *args, env=env, log=logs[attempt, index]))
         return procs
 
@@ -597,73 +585,90 @@ def _kill_and_resume(data: Path, tmp_path: Path, *, stall: bool) -> dict:
             for i in range(2)
         )
 
-    def ready() -> bool:
-        # stall: the chief backed up epoch 2 (so it is in epoch 3) while worker 1 hangs in its
-        # own backup of epoch 2; otherwise both backed up an epoch and then trained a second
-        # more (an epoch takes several seconds), so worker 1 dies mid-epoch, between backups.
-        epochs = [_backed_up(backup) for backup in backups]
-        return epochs[0] >= 2 if stall else min(epochs) >= 1
+    def left(attempt: int, procs: list[subprocess.Popen]) -> dict:
+        codes = [p.returncode for p in procs]
+        history = backups[0] / "history.json"
+        return {
+            "codes": codes,
+            "backed_up": [_backed_up(backup) for backup in backups],
+            "history": json.loads(history.read_text()) if history.is_file() else None,
+            "results": [_result(logs[attempt, i]) for i in range(2)],
+            "chief_log": logs[attempt, 0].with_suffix(".err").read_text(),
+            "report": report(attempt, codes),
+        }
 
+    # 1: worker 1 hangs in its backup of epoch 2; once the chief backed it up, worker 1 is
+    # killed, and the chief, waiting for it in a collective of epoch 3, is stopped too.
     procs = start(1)
     try:
         deadline = time.monotonic() + 120
-        while not ready():
+        while _backed_up(backups[0]) < 2:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 codes = [p.poll() for p in procs]
-                pytest.fail(f"the first attempt backed up no epoch in time\n{report(1, codes)}")
+                pytest.fail(f"the chief backed up no second epoch in time\n{report(1, codes)}")
             time.sleep(0.2)
-        if not stall:
-            time.sleep(1)
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait(timeout=30)
-        # The chief now waits for worker 1 in a collective (or fails): it is stopped too.
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            procs[0].wait(timeout=5)
     finally:
         for proc in procs:
             _stop(proc)
-    first = {
-        "codes": [p.returncode for p in procs],
-        "backed_up": [_backed_up(backup) for backup in backups],
-        "history": json.loads((backups[0] / "history.json").read_text()),
-        "finished": _result(logs[1, 0]) is not None,
-    }
+    attempts = [left(1, procs)]
 
-    procs = start(2)
-    try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            if any(p.poll() is not None for p in procs):
-                # One worker ended: the other ends with it, or waits on it in a collective.
-                deadline = min(deadline, time.monotonic() + 30)
-            time.sleep(0.5)
-        codes = [p.poll() for p in procs]
-    finally:
-        for proc in procs:
-            _stop(proc)
-    return {
-        "first": first,
-        "codes": codes,
-        "results": [_result(logs[2, i]) for i in range(2)],
-        "report": report(2, codes),
-        "chief": runs[0],
-    }
+    # 2: worker 1 dies in its second epoch; the chief, waiting for it, is stopped too.
+    # 3: the run finishes.
+    for attempt, seconds in ((2, 150), (3, 150)):
+        procs = start(attempt)
+        try:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                if attempt == 2 and procs[1].poll() is not None:
+                    break
+                if any(p.poll() is not None for p in procs):
+                    # One worker ended: the other ends with it, or waits on it in a collective.
+                    deadline = min(deadline, time.monotonic() + 30)
+                time.sleep(0.2)
+        finally:
+            for proc in procs:
+                _stop(proc)
+        attempts.append(left(attempt, procs))
+    return {"attempts": attempts, "chief": str(runs[0]), "runs": [str(run) for run in runs]}
+
+
+@pytest.fixture(scope="module")
+def resumed(request, tmp_path_factory) -> dict:
+    """One 2-worker run of RESUME_EPOCHS epochs, started again with the same command after
+    each of two deaths of worker 1, made once for the whole test run (its tests may go to
+    different pytest-xdist workers):
+
+    1. worker 1 hangs in its backup of epoch 2 and is SIGKILLed there, after the chief backed
+       up epoch 2 (the chief is stopped too);
+    2. restarted, both resume from epoch 1, the last one both backed up, and train epoch 2;
+       worker 1 dies by SIGKILL halfway through epoch 3, after both backed up epoch 2;
+    3. restarted, both resume from epoch 2 and finish the run.
+    """
+
+    def build(root: Path) -> None:
+        data = request.getfixturevalue("learnable")  # only where the run is made
+        (root / "outcome.json").write_text(json.dumps(_kill_and_resume(data, root)))
+
+    return json.loads(
+        (once_per_run(tmp_path_factory, "resumed", build) / "outcome.json").read_text()
+    )
 
 
 def _check_resumed(outcome: dict, agreed: int) -> None:
-    """The resumed run trained the epochs left from ``agreed`` on both workers, to the same
+    """The last restart trained the epochs left from ``agreed`` on both workers, to the same
     weights, and the chief wrote a whole run: every epoch's history, best checkpoint, bundle."""
-    assert outcome["codes"] == [0, 0], (
-        f"the resumed workers did not both finish\n{outcome['report']}"
-    )
-    results = outcome["results"]
-    assert all(results), outcome["report"]
+    last = outcome["attempts"][-1]
+    assert last["codes"] == [0, 0], f"the resumed workers did not both finish\n{last['report']}"
+    results = last["results"]
+    assert all(results), last["report"]
     for result in results:
         assert result["resumed"]
         assert result["epochs_run"] == RESUME_EPOCHS - agreed, (result, agreed)
         assert math.isfinite(result["final"]["loss"])
     assert math.isclose(results[0]["sum_abs"], results[1]["sum_abs"], rel_tol=1e-6), results
-    chief = outcome["chief"]
+    chief = Path(outcome["chief"])
     history = json.loads((chief / "history.json").read_text())
     assert {name: len(values) for name, values in history.items()} == dict.fromkeys(
         history, RESUME_EPOCHS
@@ -678,27 +683,62 @@ def _check_resumed(outcome: dict, agreed: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_multiworker_run_resumes_after_a_worker_is_killed_mid_epoch(learnable, tmp_path):
-    outcome = _kill_and_resume(learnable, tmp_path, stall=False)
-    first = outcome["first"]
-    assert first["codes"][1] == -signal.SIGKILL and not first["finished"], first
-    epoch = first["backed_up"][0]
-    assert 0 < epoch < RESUME_EPOCHS, first  # killed mid-run
-    assert len(first["history"]["loss"]) >= epoch
-    _check_resumed(outcome, agreed=min(first["backed_up"]))
+@pytest.mark.timeout(600)
+def test_multiworker_resume_agrees_when_a_worker_died_before_its_backup(resumed):
+    """Worker 1 killed after the chief backed up epoch 2 and before it did: both resume
+    from epoch 1 (the chief goes back one), rather than the chief from 2 and worker 1 from 1."""
+    first, second = resumed["attempts"][:2]
+    assert first["codes"][1] == -signal.SIGKILL and not any(first["results"]), first["report"]
+    assert first["backed_up"] == [2, 1], first
+    # Restarted, the chief went back to epoch 1, and the two trained epoch 2 in step (worker 1
+    # died in the next one). Had the chief resumed from epoch 2, it would have trained its
+    # last epoch while worker 1 trained epoch 2, and finished the run alone.
+    assert "resuming from epoch 1," in second["chief_log"], second["report"]
+    assert second["codes"][1] == -signal.SIGKILL and not any(second["results"]), second["report"]
+    assert second["backed_up"] == [2, 2], second
+    assert len(second["history"]["loss"]) == 2, second["history"]
+    _check_resumed(resumed, agreed=2)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_multiworker_resume_agrees_when_a_worker_died_before_its_backup(learnable, tmp_path):
-    """Worker 1 killed after the chief backed up epoch 2 and before it did: both resume
-    from epoch 1 (the chief goes back one), rather than the chief from 2 and worker 1 from 1."""
-    outcome = _kill_and_resume(learnable, tmp_path, stall=True)
-    first = outcome["first"]
-    assert first["codes"][1] == -signal.SIGKILL and not first["finished"], first
-    assert first["backed_up"] == [2, 1], first
-    _check_resumed(outcome, agreed=1)
+@pytest.mark.timeout(600)
+def test_multiworker_run_resumes_after_a_worker_is_killed_mid_epoch(resumed):
+    """Worker 1 SIGKILLed halfway through an epoch, between backups: the same command
+    resumes both workers from the last epoch they backed up and finishes the run."""
+    second = resumed["attempts"][1]
+    assert second["codes"][1] == -signal.SIGKILL and not any(second["results"]), second["report"]
+    epoch = second["backed_up"][0]
+    assert 0 < epoch < RESUME_EPOCHS, second  # killed mid-run
+    assert len(second["history"]["loss"]) >= epoch
+    _check_resumed(resumed, agreed=min(second["backed_up"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_multiworker_two_local_processes_end_with_the_same_weights(resumed):
+    """The two workers of that run end with the same weights (every array, BatchNorm's moving
+    statistics included), and the chief writes the run folder."""
+    last = resumed["attempts"][-1]
+    assert last["codes"] == [0, 0], f"the workers did not both finish\n{last['report']}"
+    results = last["results"]
+    assert all(results), last["report"]
+    for result in results:
+        assert result["strategy"] == "multiworker" and result["replicas"] == 2
+        assert result["global_batch_size"] == 2 * RESUME_BATCH
+    runs = [Path(run) for run in resumed["runs"]]
+    chief = runs[0]
+    for name in ("bundle/model.keras", "checkpoints/best.keras", "history.csv", "curves.png"):
+        assert (chief / name).is_file(), name  # the chief writes the run directory
+    assert any((chief / "logs").rglob("*tfevents*"))
+    first, second = (_weights(run / "final.npz") for run in runs)
+    assert len(first) == len(second) > 0
+    differing = [
+        i for i, (a, b) in enumerate(zip(first, second, strict=True)) if not np.allclose(a, b)
+    ]
+    assert not differing, (
+        f"weights {differing} differ between the workers: {results[0]} vs {results[1]}"
+    )
+    assert math.isclose(results[0]["sum_abs"], results[1]["sum_abs"], rel_tol=1e-6)
 
 
 # --- TPU ----------------------------------------------------------------------------------------
