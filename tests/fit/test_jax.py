@@ -29,6 +29,9 @@ from chute.fit import backend as backend_lib
 from chute.fit import train as training
 from chute.fit import trainable
 
+# The JAX stages share one child (XLA compiles, four trainings): minutes on 2 busy cores.
+pytestmark = pytest.mark.timeout(900)
+
 TESTS = Path(__file__).resolve().parents[1]
 DEVICES = 4
 PER_DEVICE = 2  # global batch 8: 54 training images are 6 steps, 18 val are 3 padded batches
