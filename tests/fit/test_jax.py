@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import run_here, write_image
+from helpers import once_per_run, run_here, write_image
 
 import chute
 from chute import ChuteError, TrainConfig
@@ -29,8 +29,9 @@ from chute.fit import backend as backend_lib
 from chute.fit import train as training
 from chute.fit import trainable
 
-# The JAX stages share one child (XLA compiles, four trainings): minutes on 2 busy cores.
-pytestmark = pytest.mark.timeout(900)
+# The JAX stages share one child (XLA compiles, four trainings): minutes on 2 busy cores. Its
+# tests go to one pytest-xdist worker (on another they would wait for it with nothing to do).
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("jax-runs")]
 
 TESTS = Path(__file__).resolve().parents[1]
 DEVICES = 4
@@ -75,18 +76,22 @@ def _script(folder: Path, body: str) -> Path:
 def learnable(tmp_path_factory) -> Path:
     """3 classes x 24 grayscale 16x16 PNGs a small CNN tells apart in a few epochs (a
     bright band whose row says the class), converted: train 54, val 18 (not a multiple
-    of 4 devices: the last validation batch is padded)."""
-    root = tmp_path_factory.mktemp("learnable")
-    rng = np.random.default_rng(0)
-    for label, name in enumerate("abc"):
-        for index in range(24):
-            pixels = rng.integers(0, 80, (16, 16), dtype=np.uint8)
-            pixels[5 * label : 5 * label + 6, 2:14] = 255 - rng.integers(0, 60, (6, 12))
-            write_image(root / "src" / name / f"{index:03d}.png", pixels)
-    chute.convert(root / "src", root / "shards", image_size=16, val_fraction=0.25, workers=1)
-    manifest = chute.load_manifest(str(root / "shards"))
+    of 4 devices: the last validation batch is padded). Made once for the run: the JAX
+    child's predictions are keyed by these images' paths."""
+
+    def build(root: Path) -> None:
+        rng = np.random.default_rng(0)
+        for label, name in enumerate("abc"):
+            for index in range(24):
+                pixels = rng.integers(0, 80, (16, 16), dtype=np.uint8)
+                pixels[5 * label : 5 * label + 6, 2:14] = 255 - rng.integers(0, 60, (6, 12))
+                write_image(root / "src" / name / f"{index:03d}.png", pixels)
+        chute.convert(root / "src", root / "shards", image_size=16, val_fraction=0.25, workers=1)
+
+    shards = once_per_run(tmp_path_factory, "jax-learnable", build) / "shards"
+    manifest = chute.load_manifest(str(shards))
     assert manifest.num_examples("val") == 18 and manifest.num_examples("train") == 54
-    return root / "shards"
+    return shards
 
 
 def _images(data: Path) -> list[str]:
@@ -232,11 +237,15 @@ JAX_RUNS = """
 @pytest.fixture(scope="module")
 def jax_runs(learnable, tmp_path_factory) -> dict:
     """The child's report (``errors`` and ``seconds`` by stage, and what each stage found),
-    with its folder (``root``)."""
-    root = tmp_path_factory.mktemp("jax-runs")
-    script = _script(root, JAX_RUNS)
-    args = [sys.executable, str(script), str(learnable), str(root), str(PER_DEVICE)]
-    _run(args, root / "logs", env=_env(KERAS_BACKEND="tensorflow"), timeout=600)
+    with its folder (``root``): made once for the whole test run (a module fixture is made
+    again whenever a worker comes back to the module after another one's tests)."""
+
+    def build(root: Path) -> None:
+        script = _script(root, JAX_RUNS)
+        args = [sys.executable, str(script), str(learnable), str(root), str(PER_DEVICE)]
+        _run(args, root / "logs", env=_env(KERAS_BACKEND="tensorflow"), timeout=600)
+
+    root = once_per_run(tmp_path_factory, "jax-runs", build)
     return {"root": root, **json.loads((root / "report.json").read_text())}
 
 
