@@ -79,6 +79,10 @@ TENSORFLOW_FREE = [
     "chute.format.records",
     "chute.format.storage",
     "chute.format.manifest",
+    "chute.format.index",
+    "chute.format.parse",
+    "chute.tools.index",
+    "chute.read.grain_source",
 ]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from chute import ChuteError, ImageSpec
 from chute.format import manifest as manifest_lib
+from chute.format import records
 from chute.ingest.writer import ShardWriter
 
 NUM_CLASSES = 10_000
@@ -28,7 +29,7 @@ def _ten_thousand_classes(tmp_path) -> manifest_lib.Manifest:
     for index in range(100):
         with ShardWriter(str(tmp_path / f"train-{index:05d}")) as writer:
             labels = [(index * 50 + i) % NUM_CLASSES for i in range(50)]
-            writer.write(b"r" * len(labels), labels)
+            writer.write(b"".join(records.frame(b"r") for _ in labels), labels)
         shards.append(writer.info)
     totals = [0] * NUM_CLASSES
     for shard in shards:

@@ -61,7 +61,12 @@ def test_beam_writes_the_same_bytes_and_records_as_the_local_converter(src, tmp_
     assert "not an image" in reasons["c/notes.png"]  # from its header, before Beam
     dropped = [key for group in manifest.duplicates for key in group["dropped"]]
     assert len(manifest.duplicates) == 4 and dropped  # copies split up: one side dropped
-    assert tree_bytes(beam) == tree_bytes(local)  # shards, manifest, rejects.csv, listing
+    assert tree_bytes(beam) == tree_bytes(local)  # shards, indexes, manifest, rejects.csv, ...
+    indexes = sorted(p.name for p in beam.glob("*.index"))  # Beam's workers wrote them
+    assert indexes == sorted(
+        s["index"]["file"] for v in manifest.splits.values() for s in v["shards"]
+    )
+    assert len(indexes) == len(list(beam.glob("*.tfrecord")))
     assert not (beam / resume.WORK_DIR).exists()
     assert chute.verify(beam).ok
 

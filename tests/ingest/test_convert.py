@@ -136,6 +136,8 @@ def test_shard_file_names_carry_split_index_and_count(tmp_path):
     assert sorted(manifest.splits) == ["test", "train", "val"]
     assert {p.name for p in out.glob("*.tfrecord")} == expected
     assert {p.name for p in out.iterdir()} == expected | {
+        f[: -len(".tfrecord")] + ".index" for f in expected
+    } | {
         "manifest.json",
         "rejects.csv",
         "source-files.csv",

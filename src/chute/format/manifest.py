@@ -2,11 +2,16 @@
 
 ``manifest.json`` (versioned) holds the class names in label order, the
 :class:`~chute.format.spec.ImageSpec`, every split's per-class counts and shards
-(file, record count, bytes, sha256, and the counts of just the classes the
-shard holds), the conversion options, the source's fingerprint, and the
-rejected inputs and duplicates. Exact dataset sizes come from here, and
-``verify`` checks the shards against it. It is written last, so its presence
-means the conversion finished.
+(file, record count, bytes, sha256, the counts of just the classes the shard
+holds and its record index's file and sha256, see :mod:`chute.format.index`),
+the conversion options, the source's fingerprint, and the rejected inputs and
+duplicates. Exact dataset sizes come from here, and ``verify`` checks the
+shards against it. It is written last, so its presence means the conversion
+finished.
+
+A shard entry's ``index`` is optional: datasets converted before chute wrote
+record indexes have none (``chute index`` adds them), and a chute that does not
+know the field reads the manifest as before, so it needs no new version.
 """
 
 from __future__ import annotations
@@ -154,7 +159,8 @@ def check_shard_file(name: Any, field: str = "file", where: str = MANIFEST_NAME)
 
 def check_structure(body: dict[str, Any], where: str) -> None:
     """Refuses a manifest whose fields readers index into without checking: class names,
-    splits and their shards (file names, record counts). One error names the field.
+    splits and their shards (file names, record counts, record index files). One error
+    names the field.
 
     Example:
         >>> split = {"num_examples": 0, "shards": None}
@@ -186,6 +192,12 @@ def check_structure(body: dict[str, Any], where: str) -> None:
             records = shard.get("num_records")
             if not checks.is_int(records) or records < 0:
                 raise _bad(where, f"{field}.num_records", records, "a count")
+            index = shard.get("index")
+            if index is not None:
+                if not isinstance(index, dict) or not isinstance(index.get("sha256"), str):
+                    allowed = "a record index entry ({'file': ..., 'sha256': ...})"
+                    raise _bad(where, f"{field}.index", index, allowed)
+                check_shard_file(index.get("file"), f"{field}.index.file", where)
 
 
 def sparse_counts(counts: dict[int, int]) -> dict[str, list[int]]:

@@ -5,7 +5,8 @@ frame them here without TensorFlow (which would cost seconds and hundreds of
 MB per process); the bytes are exactly what ``tf.io.TFRecordWriter`` and
 ``tf.train.Example`` would produce, so any TensorFlow reader, including the
 "Keras on TPU" codelab's (``image`` + ``class``), reads them unchanged. Every
-chute reader and checker parses them with :func:`parse_features`.
+chute reader and checker parses them with :func:`parse_features`; readers
+without TensorFlow (Grain's worker processes) use :mod:`chute.format.parse`.
 
 Features of every record:
 
@@ -62,6 +63,7 @@ def parse_features(*names: str) -> dict:
     }
 
 
+FRAME_OVERHEAD = 16  # length (8), its CRC (4) and the data's CRC (4) around each record
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
 _U64 = (1 << 64) - 1
@@ -110,7 +112,8 @@ def encode_example(features: Mapping[str, Sequence[bytes] | Sequence[int]]) -> b
     return _field(1, entries)  # Example.features
 
 
-def _masked_crc(data: bytes) -> int:
+def masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC32C of ``data`` (bytes)."""
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
 
@@ -120,9 +123,9 @@ def frame(record: bytes) -> bytes:
     length = struct.pack("<Q", len(record))
     return (
         length
-        + struct.pack("<I", _masked_crc(length))
+        + struct.pack("<I", masked_crc(length))
         + record
-        + struct.pack("<I", _masked_crc(record))
+        + struct.pack("<I", masked_crc(record))
     )
 
 

@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import Iterator
 
 from chute.errors import ChuteError
+from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.ingest import sources
@@ -367,7 +368,7 @@ def _outputs(output: str) -> list[str]:
     return [
         name
         for name in storage.listdir(output)
-        if SHARD_NAME.match(name)
+        if _is_shard(name)
         or name in (manifest_lib.MANIFEST_NAME, REJECTS_NAME, SOURCE_FILES, WORK_DIR)
     ]
 
@@ -375,10 +376,18 @@ def _outputs(output: str) -> list[str]:
 def remove_orphans(output: str, planned: set[str]) -> None:
     """Deletes shard files in ``output`` that the current plan does not name (left by
     an interrupted run under another plan): a finished folder holds only its own."""
+    planned = planned | {record_index.index_name(name) for name in planned}
     for name in storage.listdir(output):
-        if SHARD_NAME.match(name) and name not in planned:
+        if _is_shard(name) and name not in planned:
             log.info("removing %s, a shard of an earlier plan", name)
             storage.remove(storage.join(output, name))
+
+
+def _is_shard(name: str) -> bool:
+    """Whether ``name`` is a shard file or a shard's record index."""
+    if name.endswith(record_index.SUFFIX):
+        name = name.removesuffix(record_index.SUFFIX) + record_index.SHARD_SUFFIX
+    return bool(SHARD_NAME.match(name))
 
 
 def remove_outputs(output: str) -> None:

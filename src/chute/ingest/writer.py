@@ -1,11 +1,12 @@
 """The one shard-writing core of a conversion, for the local converter and Beam alike.
 
-A shard is written from its encoded records in plan order. Each record's
-:func:`fate` is to be kept, dropped as a leak (a higher split already holds
-its content) or rejected (the reason the encoder gave). The shard goes to a
-temporary name of this attempt's own and is renamed into place when
-complete; then its note, the shard's manifest entry plus each record's
-content hash and fate, goes to ``OUT/.chute-work/NAME.json`` (see
+A shard is written from its encoded records in plan order, with its record
+index (:mod:`chute.format.index`) beside it. Each record's :func:`fate` is to
+be kept, dropped as a leak (a higher split already holds its content) or
+rejected (the reason the encoder gave). The shard goes to a temporary name of
+this attempt's own and is renamed into place when complete (its index just
+before it, the same way); then its note, the shard's manifest entry plus each
+record's content hash and fate, goes to ``OUT/.chute-work/NAME.json`` (see
 :func:`note_path`) the same way. A re-run keeps the shards that have a note
 (:func:`load_note`) and rebuilds what they hold from it; two attempts at one
 shard (a Beam bundle retried beside the first) write the same bytes under
@@ -30,6 +31,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from chute.format import index as record_index
 from chute.format import manifest, storage
 from chute.ingest.layout import split_of
 
@@ -125,17 +127,26 @@ def read_note(output: str, name: str) -> dict:
 
 
 def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | None:
-    """The note of a shard finished by an earlier run, if the shard is really there, with
-    the size and (unless not ``check_sha256``: a shard renamed into place before its
-    note was written, on a bucket) the sha256 the note recorded; else None."""
+    """The note of a shard finished by an earlier run, if the shard and its record index
+    are really there, with the sizes and (unless not ``check_sha256``: a shard renamed
+    into place before its note was written, on a bucket) the sha256s the note recorded;
+    else None (a note of a chute that wrote no index too: the shard is written again)."""
     shard = storage.join(output, name)
     if not (storage.exists(note_path(output, name)) and storage.exists(shard)):
         return None
     info = read_note(output, name)
+    index_path = storage.join(output, record_index.index_name(name))
+    if "index" not in info or not storage.exists(index_path):
+        return None
     if storage.size(shard) != info["bytes"]:
+        return None
+    if storage.size(index_path) != record_index.size_for(info["num_records"]):
         return None
     if not check_sha256:
         return info
+    if record_index.sha256(storage.read_bytes(index_path)) != info["index"]["sha256"]:
+        log.warning("%s differs from what was written (sha256): writing it again", index_path)
+        return None
     digest = hashlib.sha256()
     with storage.open_file(shard, "rb") as handle:
         while block := handle.read(8 << 20):
@@ -160,8 +171,11 @@ class ShardWriter:
 
     Records arrive already framed (see :mod:`chute.format.records`). The
     writer keeps the sha256, size, record count and per-class counts the
-    manifest needs. On an error inside the ``with`` block the partial file is
-    deleted; on success its data reach the disk before the rename.
+    manifest needs, and each record's length: when the shard is complete, its
+    record index (:mod:`chute.format.index`) is written beside it the same way
+    (a temporary name, renamed into place just before the shard). On an error
+    inside the ``with`` block the partial file is deleted; on success its data
+    reach the disk before the rename.
 
     The temporary file is ``tmp_dir/NAME.partial`` (beside the shard without
     ``tmp_dir``), or ``tmp_name`` there: a name of its own per attempt lets two
@@ -183,6 +197,7 @@ class ShardWriter:
         self._hash = hashlib.sha256()
         self._bytes = 0
         self._class_counts: collections.Counter[int] = collections.Counter()
+        self._lengths: list[int] = []  # of each record, for the index
         self._handle: Any = None
         self.info: dict[str, Any] = {}
 
@@ -194,6 +209,7 @@ class ShardWriter:
     def write(self, framed: bytes, labels: list[int]) -> None:
         """Appends framed records whose labels are ``labels``."""
         self._handle.write(framed)
+        self._lengths += record_index.frame_lengths(framed)
         self._hash.update(framed)
         self._bytes += len(framed)
         self._class_counts.update(labels)
@@ -205,11 +221,24 @@ class ShardWriter:
             return
         storage.sync(self._handle)
         self._handle.close()
+        index = record_index.RecordIndex.from_lengths(self._lengths).to_bytes()
+        index_tmp = self._tmp.removesuffix(".partial") + record_index.SUFFIX + ".partial"
+        try:
+            with storage.open_file(index_tmp, "wb") as handle:
+                handle.write(index)
+                storage.sync(handle)
+            storage.rename(index_tmp, record_index.index_name(self.path))
+        except BaseException:
+            storage.remove_if_exists(index_tmp)
+            storage.remove_if_exists(self._tmp)
+            raise
         storage.rename(self._tmp, self.path)
+        name = storage.basename(self.path)
         self.info = {
-            "file": storage.basename(self.path),
+            "file": name,
             "num_records": self._class_counts.total(),
             "bytes": self._bytes,
             "sha256": self._hash.hexdigest(),
             "class_counts": manifest.sparse_counts(self._class_counts),
+            "index": record_index.entry(name, index),
         }

@@ -3,7 +3,10 @@
 Checks, per shard: the file exists with the manifest's size and sha256;
 every record's CRCs hold and it parses; every image decodes to the
 manifest's spec (size, channels, encoding); every label is in range; the
-record count and per-class counts match.
+record count and per-class counts match; and, where the manifest names one,
+the shard's record index (:mod:`chute.format.index`) is there with the
+manifest's sha256 and gives every record's true offset and length. Indexes
+are optional (``chute index`` adds them to a dataset converted without).
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 
+import numpy as np
+
+from chute.errors import ChuteError
+from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
 from chute.format import records, storage
 from chute.lazy import tf
@@ -32,12 +39,14 @@ class VerifyReport:
         location: the dataset directory.
         num_shards: shards checked.
         num_records: records read.
+        num_indexes: shards with a record index named in the manifest (each checked).
         problems: ``(shard file, what is wrong)`` pairs; empty when all is well.
     """
 
     location: str
     num_shards: int = 0
     num_records: int = 0
+    num_indexes: int = 0
     problems: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
@@ -83,6 +92,7 @@ def verify(
                 class_counts = [a + b for a, b in zip(class_counts, read_counts, strict=True)]
             report.num_shards += 1
             report.num_records += read
+            report.num_indexes += bool(shard.get("index"))
             if progress:
                 progress("verify", report.num_shards, total_shards)
         # The split's totals are what readers use for step counts: they must
@@ -114,6 +124,8 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> tuple[list[str
         if digest != shard["sha256"]:
             problems.append("sha256 differs from the manifest: the file changed or is corrupt")
         count, class_counts, problem = _read_records(readable, manifest)
+        if shard.get("index"):
+            problems += _check_index(manifest.location, shard, readable)
     if problem:
         problems.append(problem)
     elif count != shard["num_records"]:
@@ -121,6 +133,43 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> tuple[list[str
     elif class_counts != manifest.shard_class_counts(shard):
         problems.append("per-class counts differ from the manifest")
     return problems, count, class_counts
+
+
+def _check_index(location: str, shard: dict, readable: str) -> list[str]:
+    """Problems of a shard's record index: missing, not the manifest's sha256, not an
+    index, or offsets and lengths that are not the records' (read from ``readable``)."""
+    name = shard["index"]["file"]
+    path = storage.join(location, name)
+    if not storage.exists(path):
+        return [f"record index missing: {name} is not there (run `chute index` to write it)"]
+    data = storage.read_bytes(path)
+    problems = []
+    if record_index.sha256(data) != shard["index"]["sha256"]:
+        problems.append(
+            f"record index {name}: sha256 differs from the manifest: the index changed or is "
+            "corrupt (run `chute index` to write it again)"
+        )
+    try:
+        index = record_index.RecordIndex.from_bytes(data, f"record index {name}")
+    except ChuteError as error:
+        return [*problems, str(error)]
+    try:
+        with open(readable, "rb") as handle:
+            truth = record_index.scan(handle, where=shard["file"])
+    except ChuteError:  # the shard's own damage: the record check reports it
+        return problems
+    if index != truth:
+        common = min(len(index), len(truth))
+        wrong = np.flatnonzero(
+            (index.offsets[:common] != truth.offsets[:common])
+            | (index.lengths[:common] != truth.lengths[:common])
+        )
+        where = f"from record {wrong[0]}" if len(wrong) else f"{len(index)} of {len(truth)} records"
+        problems.append(
+            f"record index {name} does not match the shard's records ({where}): delete it and "
+            "run `chute index` to write it again"
+        )
+    return problems
 
 
 @contextlib.contextmanager
@@ -149,8 +198,6 @@ def _hashed_copy(path: str) -> Iterator[tuple[str, str]]:
 
 def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list[int], str | None]:
     """Parses and decodes every record; returns (count, class counts, first problem)."""
-    import numpy as np
-
     spec = manifest.image
     height, width, channels, encoding = (*spec.shape, spec.encoding)
     num_classes = manifest.num_classes

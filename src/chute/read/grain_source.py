@@ -1,0 +1,207 @@
+"""``chute.grain_source``: a split's records by number, for Grain (random access).
+
+The record indexes (:mod:`chute.format.index`) say where each record starts,
+so record ``i`` is one positioned read: ``os.pread`` on a local shard (no
+shared file position, so threads need no lock), a seek and a read through
+``tf.io.gfile`` on ``gs://`` and other filesystems (a handle per thread).
+Each read checks the record's length and both CRCs, and the
+``tf.train.Example`` is parsed in plain Python
+(:mod:`chute.format.parse`): neither TensorFlow nor Grain
+is imported here, so Grain's worker processes stay small.
+
+Records are numbered in the manifest's shard order, then in each shard's
+record order: the order ``tf.data.TFRecordDataset`` reads the split's shards
+in. The source pickles without its open files (each process, and each
+process made by ``fork``, opens its own on first use), so Grain can send it
+to worker processes.
+
+Example:
+    >>> import grain  # doctest: +SKIP
+    >>> source = grain_source("./kn-shards", "train")  # doctest: +SKIP
+    >>> len(source), source[0]["class"], source[0]["key"]  # doctest: +SKIP
+    (25844, 17, 'ka/0001.png')
+    >>> dataset = grain.MapDataset.source(source).shuffle(seed=0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+import os
+import threading
+from array import array
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any, SupportsIndex
+
+from chute.errors import ChuteError
+from chute.format import index as record_index
+from chute.format import manifest as manifest_lib
+from chute.format import parse, records, storage
+
+_REMOTE_THREADS = 16  # record indexes on a bucket are read in parallel
+
+
+def grain_source(
+    path: str | os.PathLike | manifest_lib.Manifest, split: str = "train"
+) -> GrainSource:
+    """A Grain random-access data source over one split of a converted dataset.
+
+    Args:
+        path: the converted directory (local, ``gs://``, ``ram://``), its
+            ``manifest.json``, or the ``Manifest`` read from it.
+        split: ``"train"``, ``"val"`` or ``"test"`` (one the dataset has).
+
+    Returns:
+        A :class:`GrainSource`: ``len(source)`` records; ``source[i]`` is record ``i``'s
+        features (see :func:`chute.format.parse.record_values`).
+
+    Raises:
+        ChuteError: no dataset there, no such split, or a shard without a good record
+            index (a dataset converted before chute wrote them: the message says to
+            run ``chute index``).
+
+    Example:
+        >>> source = grain_source("gs://my-bucket/flowers-shards", "val")  # doctest: +SKIP
+        >>> sorted(source[0])  # doctest: +SKIP
+        ['channels', 'class', 'encoding', 'image', 'key', 'size']
+    """
+    return GrainSource(manifest_lib.load(path), split)
+
+
+class GrainSource:
+    """A split's records by number: Grain's ``RandomAccessDataSource`` protocol
+    (``__len__``, thread-safe ``__getitem__``, a ``__repr__`` for checkpoints), picklable.
+
+    Made by :func:`grain_source`. Each record costs one positioned read of its frame
+    (length, CRCs, data) and a plain-Python parse; open files are per process.
+
+    Example:
+        >>> source = GrainSource(chute.load_manifest("./kn-shards"), "val")  # doctest: +SKIP
+        >>> source[-1]["key"]  # doctest: +SKIP
+        'zha/0261.png'
+    """
+
+    def __init__(self, manifest: manifest_lib.Manifest, split: str):
+        manifest.check_split(split)
+        self.location, self.split = manifest.location, split
+        shards = manifest.splits[split]["shards"]
+        self._paths = [storage.join(manifest.location, shard["file"]) for shard in shards]
+        self._local = [storage.is_local(path) and hasattr(os, "pread") for path in self._paths]
+        self._starts = [0]  # record number of each shard's first record, then the total
+        self._offsets, self._lengths = array("Q"), array("Q")
+        for index in _indexes(manifest.location, shards):
+            self._starts.append(self._starts[-1] + len(index))
+            self._offsets.extend(index.offsets.tolist())
+            self._lengths.extend(index.lengths.tolist())
+        self._open()
+
+    def _open(self) -> None:
+        """Per-process state: no file open yet (opened on first use, in this process)."""
+        self._pid = os.getpid()
+        self._fds: dict[int, int] = {}
+        self._fds_lock = threading.Lock()
+        self._threads = threading.local()  # remote handles, one per thread and shard
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, record: SupportsIndex) -> dict[str, Any]:
+        """Record ``record``'s features (a negative number counts from the end).
+
+        Raises:
+            IndexError: out of range.
+            ChuteError: the record is damaged (length or CRC) or cut short.
+        """
+        number = operator.index(record)
+        if number < 0:
+            number += len(self)
+        if not 0 <= number < len(self):
+            raise IndexError(
+                f"record {operator.index(record)} is out of range: the {self.split} split "
+                f"of {self.location!r} holds {len(self)} records"
+            )
+        shard = bisect.bisect_right(self._starts, number) - 1
+        offset, size = self._offsets[number], self._lengths[number] + records.FRAME_OVERHEAD
+        framed = self._read(shard, offset, size)
+        try:
+            return parse.record_values(parse.unframe(framed))
+        except ChuteError as error:
+            raise ChuteError(
+                f"Record {number} of the {self.split} split of {self.location!r} (in "
+                f"{storage.basename(self._paths[shard])} at byte {offset}) is damaged: {error}. "
+                f"Check the dataset with `chute verify {self.location}`"
+            ) from None
+
+    def _read(self, shard: int, offset: int, size: int) -> bytes:
+        if os.getpid() != self._pid:  # a forked process: files of its own, not its parent's
+            for fd in self._fds.values():
+                os.close(fd)  # this process's copy; the parent's stays open
+            self._open()
+        if self._local[shard]:
+            data = os.pread(self._fd(shard), size, offset)
+        else:
+            handle = self._handle(shard)
+            handle.seek(offset)
+            data = handle.read(size)
+        if len(data) != size:
+            raise ChuteError(
+                f"{storage.basename(self._paths[shard])} of {self.location!r} ends before "
+                f"byte {offset + size} where its record index puts a record: the shard is cut "
+                f"short. Check the dataset with `chute verify {self.location}`"
+            )
+        return data
+
+    def _fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
+            with self._fds_lock:
+                fd = self._fds.get(shard)
+                if fd is None:
+                    path = storage.local_path(self._paths[shard])
+                    fd = self._fds[shard] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return fd
+
+    def _handle(self, shard: int) -> IO[bytes]:
+        handles = getattr(self._threads, "handles", None)
+        if handles is None:
+            handles = self._threads.handles = {}
+        if shard not in handles:
+            handles[shard] = storage.open_file(self._paths[shard], "rb")
+        return handles[shard]
+
+    def close(self) -> None:
+        """Closes this process's local files (reads open them again when needed)."""
+        with self._fds_lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def __del__(self, _getpid=os.getpid, _close=os.close) -> None:
+        # (os's functions bound now: at interpreter exit the module may be gone)
+        if getattr(self, "_pid", None) == _getpid():
+            for fd in self._fds.values():
+                _close(fd)
+            self._fds.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("_pid", "_fds", "_fds_lock", "_threads"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open()
+
+    def __repr__(self) -> str:
+        return f"GrainSource(location={self.location!r}, split={self.split!r}, records={len(self)})"
+
+
+def _indexes(location: str, shards: list[dict]) -> list[record_index.RecordIndex]:
+    """Each shard's record index, checked against the manifest (in parallel on a bucket)."""
+    unindexed = next((shard for shard in shards if not shard.get("index")), None)
+    if unindexed is not None:  # one clear error, naming `chute index`, before any read
+        record_index.load(location, unindexed)
+    threads = 1 if storage.is_local(location) else _REMOTE_THREADS
+    with ThreadPoolExecutor(max(1, min(threads, len(shards)))) as pool:
+        return list(pool.map(lambda shard: record_index.load(location, shard), shards))

@@ -1,0 +1,144 @@
+"""``chute index``: add record indexes to a dataset converted before chute wrote them.
+
+Each shard without a good index is read once, from start to end, in plain
+Python: every record's CRCs are checked, the shard's sha256, size and record
+count are compared with the manifest, and its index (see
+:mod:`chute.format.index`) is written beside it atomically. The manifest is
+then rewritten atomically with each shard's ``index`` entry; the shards stay
+as they are, byte for byte. Shards whose index is already there, with the
+manifest's sha256, are left alone, so a dataset indexed already is a no-op,
+and an index file that was deleted or damaged is written again.
+
+Example:
+    >>> report = index("./kn-shards")  # doctest: +SKIP
+    >>> report.written, report.already_indexed  # doctest: +SKIP
+    (['train-00000-of-00016.tfrecord', ...], False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from chute.errors import ChuteError
+from chute.format import index as record_index
+from chute.format import manifest as manifest_lib
+from chute.format import storage
+
+log = logging.getLogger(__name__)
+_REMOTE_THREADS = 16  # shards on a bucket are read in parallel, each in one pass
+
+
+@dataclasses.dataclass
+class IndexReport:
+    """The outcome of :func:`index`.
+
+    Attributes:
+        location: the dataset directory.
+        num_shards: shards in the dataset.
+        written: the shards whose index was written now, in manifest order.
+    """
+
+    location: str
+    num_shards: int = 0
+    written: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def already_indexed(self) -> bool:
+        """True when every shard had its index already: nothing was written."""
+        return not self.written
+
+
+def index(
+    path: str | os.PathLike | manifest_lib.Manifest,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> IndexReport:
+    """Writes the record index of every shard of a converted dataset that lacks a good one,
+    and adds them to its manifest (see the module docstring).
+
+    Args:
+        path: the converted directory (local, ``gs://``, ``ram://``), its
+            ``manifest.json``, or the ``Manifest`` read from it.
+        progress: called as ``progress("index", shards_done, shards_to_index)``.
+
+    Returns:
+        An :class:`IndexReport`; ``report.already_indexed`` when there was nothing to do.
+
+    Raises:
+        ChuteError: no dataset there, or a shard is missing, truncated, corrupt (a CRC)
+            or differs from the manifest (nothing is added to the manifest then; run
+            ``chute verify`` to see every problem).
+
+    Example:
+        >>> index("gs://my-bucket/flowers-shards").already_indexed  # doctest: +SKIP
+        False
+    """
+    manifest = manifest_lib.load(path)
+    shards = [shard for split in manifest.splits.values() for shard in split["shards"]]
+    report = IndexReport(manifest.location, num_shards=len(shards))
+    todo = [shard for shard in shards if not _has_index(manifest.location, shard)]
+    if not todo:
+        log.info("%s: all %d shards have their record index already", report.location, len(shards))
+        return report
+    log.info("%s: indexing %d of %d shards", report.location, len(todo), len(shards))
+    threads = 1 if storage.is_local(manifest.location) else _REMOTE_THREADS
+    entries = {}
+    with ThreadPoolExecutor(min(threads, len(todo))) as pool:
+        work = pool.map(lambda shard: _index_shard(manifest.location, shard), todo)
+        for done, (shard, entry) in enumerate(zip(todo, work, strict=True), 1):
+            entries[shard["file"]] = entry
+            if progress:
+                progress("index", done, len(todo))
+    for shard in todo:  # the manifest is written once, when every index is in place
+        shard["index"] = entries[shard["file"]]
+        report.written.append(shard["file"])
+    manifest.save(manifest.location)
+    return report
+
+
+def _has_index(location: str, shard: dict[str, Any]) -> bool:
+    """Whether the shard's index is named in the manifest and there with its sha256."""
+    entry = shard.get("index")
+    if not entry:
+        return False
+    path = storage.join(location, entry["file"])
+    if not storage.exists(path):
+        log.info("%s: its record index %s is missing: writing it again", shard["file"], path)
+        return False
+    if record_index.sha256(storage.read_bytes(path)) != entry["sha256"]:
+        log.warning("%s differs from the manifest (sha256): writing it again", path)
+        return False
+    return True
+
+
+def _index_shard(location: str, shard: dict[str, Any]) -> dict[str, str]:
+    """Reads one shard (CRCs, sha256, size and count checked), writes its index atomically;
+    returns the manifest's ``index`` entry."""
+    name = shard["file"]
+    path = storage.join(location, name)
+    if not storage.exists(path):
+        raise ChuteError(f"Shard {name} of {location!r} is missing: convert the dataset again")
+    digest = hashlib.sha256()
+    with storage.open_file(path, "rb") as handle:
+        found = record_index.scan(handle, where=f"Shard {name} of {location!r}", digest=digest)
+    differs = []
+    if found.shard_bytes != shard["bytes"]:
+        differs.append(f"{found.shard_bytes} bytes, the manifest says {shard['bytes']}")
+    elif digest.hexdigest() != shard["sha256"]:
+        differs.append("its sha256 is not the manifest's")
+    if len(found) != shard["num_records"]:
+        differs.append(f"{len(found)} records, the manifest says {shard['num_records']}")
+    if differs:
+        raise ChuteError(
+            f"Shard {name} of {location!r} differs from the manifest ({'; '.join(differs)}): "
+            f"check it with `chute verify {location}` and convert the dataset again"
+        )
+    data = found.to_bytes()
+    storage.write_atomic(storage.join(location, record_index.index_name(name)), data)
+    return record_index.entry(name, data)
