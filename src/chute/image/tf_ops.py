@@ -14,7 +14,8 @@ imports TensorFlow.
   to the output size, and flipped left-right half of the time, on uint8.
 - **Evaluation and predict** (:func:`centre_crop`): the centred window of the
   output's aspect ratio covering ``crop_fraction`` of the image's shorter
-  side, resized to the output size. With ``crop_fraction=1`` and an image
+  side (of the image decoded whole: the same pixels as any decoder's, the
+  Grain engine's included), resized to the output size. With ``crop_fraction=1`` and an image
   already at the output size, the pixels are the stored ones.
 
 Random choices are stateless ops keyed by a per-image key, so the same seed
@@ -29,6 +30,10 @@ from __future__ import annotations
 from chute.format.spec import ImageSpec
 from chute.lazy import tf
 
+# libjpeg's accurate integer DCT: TensorFlow's default is the fast one, whose pixels differ
+# by a few levels from every other decoder's (Pillow's, OpenCV's: the Grain engine's and
+# predict's); with this one the engines and predict decode a JPEG to the same pixels.
+DCT_METHOD = "INTEGER_ACCURATE"
 # chute's interpolation names -> tf.image.resize's
 RESIZE_METHODS = {
     "nearest": "nearest",
@@ -94,7 +99,11 @@ def centre_crop(data, stored: ImageSpec, size, crop_fraction: float):
     crop_height = tf.maximum(1, tf.cast(tf.round(window_height), tf.int32))
     crop_width = tf.maximum(1, tf.cast(tf.round(window_width), tf.int32))
     top, left = (shape[0] - crop_height) // 2, (shape[1] - crop_width) // 2
-    image = _decode_window(data, stored, top, left, crop_height, crop_width)
+    # Decoded whole, then sliced: a JPEG's window decoded alone differs at its edges (the
+    # colour planes are upsampled without their neighbours), and evaluation's pixels must
+    # be those of any decoder (the Grain engine's, predict's).
+    whole = decode(data, stored)
+    image = tf.slice(whole, tf.stack([top, left, 0]), tf.stack([crop_height, crop_width, -1]))
     return _resized(image, size, stored)
 
 
@@ -104,14 +113,16 @@ def decode(data, stored: ImageSpec):
         return tf.reshape(tf.io.decode_raw(data, tf.uint8), stored.shape)
     if stored.encoding == "png":
         return tf.io.decode_png(data, channels=stored.channels)
-    return tf.io.decode_jpeg(data, channels=stored.channels)
+    return tf.io.decode_jpeg(data, channels=stored.channels, dct_method=DCT_METHOD)
 
 
 def _decode_window(data, stored: ImageSpec, top, left, height, width):
     """Only the window of a JPEG is decoded; other images are decoded, then sliced."""
     if stored.encoding == "jpeg":
         window = tf.stack([top, left, height, width])
-        return tf.image.decode_and_crop_jpeg(data, window, channels=stored.channels)
+        return tf.image.decode_and_crop_jpeg(
+            data, window, channels=stored.channels, dct_method=DCT_METHOD
+        )
     return tf.slice(decode(data, stored), tf.stack([top, left, 0]), tf.stack([height, width, -1]))
 
 

@@ -25,7 +25,7 @@ def decoded(plan: ReadPlan, blocks, counters: dict, parallel: dict):
         if stored.encoding == "png":
             image = tf.io.decode_png(data, channels=stored.channels)
         else:
-            image = tf.io.decode_jpeg(data, channels=stored.channels)
+            image = tf.io.decode_jpeg(data, channels=stored.channels, dct_method=tf_ops.DCT_METHOD)
         return tf.ensure_shape(image, shape), label
 
     return _decode_counted(blocks.unbatch(), decode_one, counters, parallel).batch(BLOCK)

@@ -193,6 +193,8 @@ def load(
     """
     options = resolve(options, overrides)  # every value checked before any work
     manifest = manifest_lib.load(path)
+    if options.engine == "grain":
+        return _grain(manifest, split, options, input_context, strategy)
     if strategy is not None:
         return _distributed(manifest, split, options, strategy)
     plan = _reserved_plan(manifest, split, options, input_context)
@@ -216,6 +218,68 @@ def load(
         counters=(counters,) if counters else (),
     )
     return dataset
+
+
+def _grain(manifest, split: str, options: LoadOptions, input_context, strategy):
+    """The split as a Grain dataset (:mod:`chute.read.grain_engine`), with its LoadInfo."""
+    from chute.read import grain_engine
+    from chute.read.grain_source import GrainSource
+
+    if options.skip_corrupt:
+        raise ChuteError(
+            "`skip_corrupt` is the tf.data engine's; the Grain engine checks every record's "
+            "CRC and stops at a damaged one. Received: skip_corrupt=True with engine='grain'"
+        )
+    replicas, share = 1, grain_engine.Share()
+    if strategy is not None:
+        if _strategy_hosts(strategy) > 1:
+            raise ChuteError(
+                "engine='grain' under a tf.distribute strategy on several hosts is not "
+                "supported: use engine='tf', or JAX processes (each reads its share)"
+            )
+        replicas = strategy.num_replicas_in_sync
+    if input_context is not None:
+        share = grain_engine.Share(
+            input_context.num_input_pipelines, input_context.input_pipeline_id
+        )
+    read = dataclasses.replace(options, cache=None, batch_size=options.batch_size * replicas)
+    plan = make_plan(manifest, split, read, cache_room=0)
+    spec = options.augment_spec
+    heavy = spec.heavy if plan.training else ()
+    if heavy and options.augment_on != "device":
+        raise ChuteError(
+            f"augmentations {list(heavy)} run in the train step on the Grain engine: pass "
+            "augment_on='device' (crop and flip run in Grain's workers). "
+            "Received: augment_on='host'"
+        )
+    source = GrainSource(manifest, split)
+    dataset = grain_engine.make_dataset(
+        plan, source, share, split=split, manifest=manifest, sampling=options.sampling,
+        workers=options.workers, flip=plan.training and spec.flip,
+    )  # fmt: skip
+    dataset.chute = LoadInfo(
+        class_names=tuple(manifest.class_names),
+        num_examples=len(dataset.positions.records)
+        if dataset.positions.records is not None
+        else dataset.positions.per_epoch,
+        steps=len(dataset),
+        per_replica_batch_size=options.batch_size,
+        global_batch_size=plan.batch_size * share.pipelines,
+        training=plan.training,
+        device_augmentation=DeviceAugmentation(heavy, plan.seed) if heavy else None,
+        cached_in=None,
+        options=options,
+    )
+    return dataset
+
+
+def _strategy_hosts(strategy) -> int:
+    """Hosts a tf.distribute strategy spans (1 for the strategies of one machine)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return 1
+    spec = resolver.cluster_spec().as_dict()
+    return max(1, sum(len(tasks) for name, tasks in spec.items() if name in ("worker", "chief")))
 
 
 def _reserved_plan(manifest, split: str, options: LoadOptions, input_context) -> ReadPlan:
@@ -288,11 +352,16 @@ def _without_unreadable(plan: ReadPlan) -> tuple[ReadPlan, int]:
             f"shard {path} cannot be read ({error}). Check its permissions, "
             "run `chute verify`, or pass skip_corrupt=True"
         )
-    kept = [(path, n) for path, n in zip(plan.files, plan.counts, strict=True) if path not in bad]
-    lost = sum(plan.counts) - sum(n for _, n in kept)
+    keep = [i for i, path in enumerate(plan.files) if path not in bad]
+    lost = sum(plan.counts) - sum(plan.counts[i] for i in keep)
     log.warning("skipping %d unreadable shard(s) (%d records): %s", len(bad), lost, sorted(bad))
-    files, counts = (tuple(p for p, _ in kept), tuple(n for _, n in kept))
-    return dataclasses.replace(plan, files=files, counts=counts), lost
+    return dataclasses.replace(
+        plan,
+        files=tuple(plan.files[i] for i in keep),
+        counts=tuple(plan.counts[i] for i in keep),
+        # class sampling: the classes each shard holds
+        shard_classes=tuple(plan.shard_classes[i] for i in keep) if plan.shard_classes else (),
+    ), lost
 
 
 def _counted_per_epoch(dataset, counters: dict, lost: int):
@@ -320,7 +389,13 @@ def _counters(lost: int) -> dict:
 
 def _log_share(plan: ReadPlan, context) -> None:
     """What this input pipeline (host) reads of the split, for a multi-host run's logs."""
-    how = f"every {plan.every_nth[0]}th record" if plan.every_nth else f"{len(plan.files)} shard(s)"
+    named = ", ".join(storage.basename(f) for f in plan.files[:8])
+    named += "..." if len(plan.files) > 8 else ""
+    how = (
+        f"every {plan.every_nth[0]}th record from record {plan.every_nth[1]} of {named}"
+        if plan.every_nth
+        else f"{len(plan.files)} shard(s) ({named})"
+    )
     log.info(
         "input pipeline %d of %d reads %s, %d examples: %d batches of %d per epoch",
         context.input_pipeline_id,

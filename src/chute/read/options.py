@@ -37,6 +37,8 @@ DTYPES = ("uint8", "float32", "bfloat16")
 DEFAULT_CROP_SCALE = (0.08, 1.0)  # Inception-style random-resized crop: share of the area
 DEFAULT_CROP_RATIO = (3 / 4, 4 / 3)  # and aspect ratio (width / height) of the window
 CACHE_ALLOWED = "'auto', 'memory', 'disk:FOLDER' or None"
+ENGINES = ("tf", "grain")
+SAMPLING_ALLOWED = "None, 'balanced', or a mapping {class name or index: weight >= 0}"
 
 
 def _names(value: Any) -> Any:
@@ -89,6 +91,15 @@ class LoadOptions:
             whose workers run the training pipeline.
         data_service_timeout: seconds to wait for that dispatcher to accept a
             connection before failing (TensorFlow alone would wait forever).
+        engine: ``"tf"`` (a ``tf.data`` pipeline: window shuffle, epoch-level
+            resume) or ``"grain"`` (a Grain dataset over the record indexes:
+            global shuffle, iterators that save and restore their position).
+        sampling: training only: ``None`` (every record once an epoch),
+            ``"balanced"`` (every class equally likely, drawn with replacement,
+            an epoch as long as before) or ``{class: weight}`` (a class's share
+            of the draws; classes by name or index, missing ones weigh 0).
+        workers: Grain engine: processes that decode and crop (``None``: one
+            per core; 0: in the calling process).
 
     Example:
         >>> LoadOptions(image_size="224", augment=["crop", "flip"]).image_size
@@ -143,6 +154,16 @@ class LoadOptions:
         "seconds to wait for the tf.data service dispatcher",
         metavar="SECONDS",
     )
+    engine: str = option(
+        "tf", "tf (tf.data) or grain (random access, exact resume)", choices=ENGINES
+    )
+    sampling: str | tuple | None = option(
+        None, "training draws: balanced, or CLASS=WEIGHT,... (default: each record once)",
+        type=str, metavar="balanced|CLASS=W,...",
+    )  # fmt: skip
+    workers: int | None = option(
+        None, "grain engine: decoding processes (default: one per core; 0: none)", type=int
+    )
 
     def __post_init__(self) -> None:
         checks.positive_int("batch_size", self.batch_size, "a positive integer (per replica)")
@@ -185,6 +206,20 @@ class LoadOptions:
             "data_service_timeout", self.data_service_timeout, "a positive number of seconds"
         )
         object.__setattr__(self, "data_service_timeout", timeout)
+        checks.one_of("engine", self.engine, ENGINES)
+        object.__setattr__(self, "sampling", _sampling(self.sampling))
+        if self.sampling is not None and self.training is False:
+            raise ChuteError(
+                f"`sampling` chooses training draws; it needs training. Received: "
+                f"sampling={self.sampling!r} with training=False"
+            )
+        if self.workers is not None:
+            checks.int_in("workers", self.workers, 0, what="None or an integer >= 0")
+        if self.engine == "grain" and self.data_service is not None:
+            raise ChuteError(
+                "`data_service` runs tf.data pipelines; it needs engine='tf'. "
+                "Received: engine='grain'"
+            )
 
     @property
     def augment_spec(self) -> AugmentSpec:
@@ -232,6 +267,38 @@ def _cache(value: Any) -> str | None:
     if isinstance(value, str) and value.startswith("disk:") and len(value) > 5:
         return value
     raise checks.bad_value("cache", value, CACHE_ALLOWED)
+
+
+def _sampling(value: Any) -> str | tuple[tuple[str | int, float], ...] | None:
+    """``sampling`` checked: None, ``"balanced"``, or ``{class: weight}`` (a flag's
+    ``"cat=2,dog=1"``) as sorted ``(class, weight)`` pairs.
+
+    Example:
+        >>> _sampling("cat=2, dog=0.5")
+        (('cat', 2.0), ('dog', 0.5))
+    """
+    if value is None or value == "balanced":
+        return value
+    if isinstance(value, str):
+        pairs = [part.split("=", 1) for part in value.split(",") if part.strip()]
+        if not pairs or any(len(pair) != 2 for pair in pairs):
+            raise checks.bad_value("sampling", value, SAMPLING_ALLOWED)
+        try:
+            value = {name.strip(): float(weight) for name, weight in pairs}
+        except ValueError:
+            raise checks.bad_value("sampling", value, SAMPLING_ALLOWED) from None
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)
+    if not isinstance(value, Mapping) or not value:
+        raise checks.bad_value("sampling", value, SAMPLING_ALLOWED)
+    for name, weight in value.items():
+        if not isinstance(name, str | int) or isinstance(name, bool):
+            raise checks.bad_value("sampling", value, SAMPLING_ALLOWED)
+        if not _real(weight) or weight < 0:
+            raise checks.bad_value("sampling", value, SAMPLING_ALLOWED)
+    if not any(value.values()):
+        raise checks.bad_value("sampling", value, "weights with at least one above 0")
+    return tuple(sorted(((k, float(w)) for k, w in value.items()), key=lambda p: str(p[0])))
 
 
 def _range(name: str, value: Any, low: float, high: float) -> tuple[float, float]:

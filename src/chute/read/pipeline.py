@@ -9,11 +9,15 @@ Example:
 
 from __future__ import annotations
 
+import logging
+
 from chute.lazy import tf
 from chute.read import batches
 from chute.read.augment import finisher
 from chute.read.plan import BLOCK, ReadPlan
 from chute.read.shards import shard_blocks
+
+log = logging.getLogger(__name__)
 
 CYCLE = 16  # shards read at a time when the order must not depend on the machine
 
@@ -35,27 +39,20 @@ def build(plan: ReadPlan, *, counters: dict, augmentation=None, host=None):
     names, expected = tf.constant(plan.files, tf.string), tf.constant(plan.counts, tf.int64)
     # Training batches leave the shuffle window finished when finishing is only labels.
     finished = not plan.per_image and batches.finished_in_window(plan, augmentation or host)
+    read = shard_blocks(plan, names, expected, counters.get("corrupt"))
 
-    # Files are the unit of parallel reading: a new shard order each epoch varies what is
-    # read together, and a random block size per shard and epoch moves block boundaries.
-    ds = _shard_order(plan)
-    # Several shards read at once, out of order unless asked: a slow file never stalls the
-    # rest. Each arrives as checked blocks: parsed, and raw images decoded, one call per
-    # block (per-record steps cost more than parsing).
-    ds = ds.interleave(
-        shard_blocks(plan, names, expected, counters.get("corrupt")),
-        cycle_length=_cycle_length(plan),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=plan.deterministic,
-    )
-    # Fewer shards than input pipelines: each keeps every n-th record.
-    ds = ds.apply(_every_nth(plan))
+    # Blocks of the shards (see _blocks: shard order, parallel reads, every n-th record).
+    # With class sampling, records drawn instead from a stream per class, each reading
+    # only the shards that hold its class and keeping its records by label before any
+    # decoding, mixed by weight into an epoch as long as one without sampling.
+    ds = _sampled(plan, read) if plan.sampling else _blocks(plan, read)
     # PNG/JPEG read at their stored size: one image per call, a call per core; from here
     # on the data are dense pixels, and regrouping them is a copy, not work per record.
     ds = ds.apply(_decoded_blocks(plan, counters, per_core))
     # What is read is kept (RAM, or a file), so later epochs skip the shards: decoded
     # pixels, or the encoded records of images decoded (and cropped) anew each epoch.
-    ds = ds.cache(plan.cache) if plan.cache is not None else ds
+    # (With class sampling, the class streams keep their own.)
+    ds = ds.cache(plan.cache) if plan.cache is not None and not plan.sampling else ds
     # Blocks replayed from the cache, or read in a fixed order, would fill the same
     # windows every epoch: in training they are shuffled (about a window's worth).
     ds = ds.apply(_reshuffled_blocks(plan))
@@ -87,25 +84,123 @@ def _unchanged(ds):
     return ds
 
 
-def _shard_order(plan: ReadPlan):
-    """``(shard index, draw)`` pairs: shards reshuffled each epoch with a random draw each
-    (the block size), or in order with -1 (fixed blocks of 256)."""
-    count = len(plan.files)
-    if plan.reshuffle_each_epoch:
-        order = tf.data.Dataset.range(count).shuffle(
-            count, seed=plan.seed, reshuffle_each_iteration=True
+def _blocks(plan: ReadPlan, read, label: int | None = None):
+    """Blocks ``(images, labels)`` of the plan's shards; with ``label``, of the shards
+    holding that class, its records alone (the parsed labels kept before any decoding)."""
+    shards, seed = range(len(plan.files)), plan.seed
+    if label is not None:
+        shards = [i for i, held in enumerate(plan.shard_classes) if label in held]
+        seed = _class_seed(plan, label)
+    # Files are the unit of parallel reading: a new shard order each epoch varies what is
+    # read together, and a random block size per shard and epoch moves block boundaries.
+    ds = _shard_order(plan, shards, seed)
+    # Several shards read at once, out of order unless asked: a slow file never stalls the
+    # rest. Each arrives as checked blocks: parsed, and raw images decoded, one call per
+    # block (per-record steps cost more than parsing).
+    ds = ds.interleave(
+        read,
+        cycle_length=_cycle_length(plan, len(shards)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=plan.deterministic,
+    )
+    # Class sampling: this class's records only, picked by the label parsed with the block.
+    ds = ds.map(_of_class(label)) if label is not None else ds
+    # Fewer shards than input pipelines: each keeps every n-th record (of the class).
+    return ds.apply(_every_nth(plan))
+
+
+def _of_class(label: int):
+    def keep(data, labels):
+        mine = tf.equal(labels, label)
+        return tf.boolean_mask(data, mine), tf.boolean_mask(labels, mine)
+
+    return keep
+
+
+def _sampled(plan: ReadPlan, read):
+    """Training with class sampling: records ``(bytes, label)`` drawn class by class with
+    the plan's probabilities (seeded, new draws each epoch), as many as an epoch without
+    sampling has in full batches.
+
+    Each class drawn has its own stream: the shards holding the class read (in a new
+    order each pass), its records kept by label, shuffled, repeated. Each stream
+    reads all of the shards holding its class, so with classes mixed in every shard
+    reading multiplies by up to the number of classes: fine for tens of classes,
+    costly for hundreds. A class drawn at least twice over in an epoch is cached
+    after its first pass (when the plan has a cache), so its repeats are not read
+    again. Records are drawn, then decoded, one by one: a cost per record that
+    the block path of small raw images avoids.
+    """
+    streams = plan.class_streams
+    buffer = max(BLOCK, (plan.window or plan.shuffle_buffer) // len(streams))
+    _log_cost(plan, streams)
+    records = []
+    for label, kept in streams:
+        ds = _blocks(plan, read, label).unbatch()
+        ds = ds.cache(_class_cache(plan.cache, label)) if kept else ds
+        ds = ds.shuffle(
+            min(buffer, max(1, plan.class_counts[label])), seed=_class_seed(plan, label)
         )
-        draws = tf.data.Dataset.random(seed=plan.seed, rerandomize_each_iteration=True)
+        records.append(ds.repeat())
+    mixed = tf.data.Dataset.sample_from_datasets(
+        records,
+        weights=[plan.sampling[label] for label, _ in streams],
+        seed=None if plan.seed is None else plan.seed + 4,
+        rerandomize_each_iteration=True,  # new draws each epoch, the same for a seed
+    )
+    return mixed.take(plan.steps * plan.batch_size)
+
+
+def _class_seed(plan: ReadPlan, label: int) -> int | None:
+    """A class stream's own seed (shard order, block sizes, shuffle)."""
+    return None if plan.seed is None else plan.seed + 16 + label
+
+
+def _class_cache(cache: str, label: int) -> str:
+    """One class stream's cache: in memory (``""``), or a file of its own."""
+    return cache and f"{cache}-class{label}"
+
+
+def _log_cost(plan: ReadPlan, streams) -> None:
+    """What the class streams read in an epoch, against one epoch without sampling."""
+    draws, total = plan.steps * plan.batch_size, max(1, sum(plan.counts))
+    first = later = 0.0
+    for label, kept in streams:
+        holding = sum(
+            n for n, held in zip(plan.counts, plan.shard_classes, strict=True) if label in held
+        )
+        passes = plan.sampling[label] * draws / max(1, plan.class_counts[label])
+        first += holding * (1.0 if kept else passes)
+        later += 0.0 if kept else holding * passes
+    log.info(
+        "class sampling (tf engine): %d class streams, each reading the shards that hold its "
+        "class; about %.1fx the records of an epoch without sampling read in the first "
+        "epoch, %.1fx in later ones (%d class(es) cached after one pass%s)",
+        len(streams),
+        first / total,
+        later / total,
+        sum(kept for _, kept in streams),
+        "" if plan.cache is not None else "; cache=None keeps none",
+    )
+
+
+def _shard_order(plan: ReadPlan, shards, seed: int | None):
+    """``(shard index, draw)`` pairs: ``shards`` reshuffled each epoch with a random draw
+    each (the block size), or in order with -1 (fixed blocks of 256)."""
+    order = tf.data.Dataset.from_tensor_slices(tf.constant(list(shards), tf.int64))
+    # (Sampling where pipelines share records: one fixed order, so that they stay disjoint.)
+    if plan.reshuffle_each_epoch or (plan.sampling and plan.every_nth is None):
+        order = order.shuffle(len(shards), seed=seed, reshuffle_each_iteration=True)
+        draws = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
     else:
-        order = tf.data.Dataset.range(count)
         draws = tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)).repeat()
     return tf.data.Dataset.zip(order, draws)
 
 
-def _cycle_length(plan: ReadPlan) -> int:
+def _cycle_length(plan: ReadPlan, shards: int) -> int:
     """Shards read at once: a fixed number where the order must not depend on the
     machine, else enough for the cores."""
-    return max(1, min(len(plan.files), CYCLE if plan.deterministic else max(4, plan.cores)))
+    return max(1, min(shards, CYCLE if plan.deterministic else max(4, plan.cores)))
 
 
 def _every_nth(plan: ReadPlan):
@@ -123,6 +218,8 @@ def _decoded_blocks(plan: ReadPlan, counters: dict, per_core: dict):
 def _reshuffled_blocks(plan: ReadPlan):
     """The prefetch asks for the first block when the iterator starts, so reading begins
     at once."""
+    if plan.sampling:  # drawn at random already
+        return _unchanged
     if plan.training and (plan.cache is not None or not plan.reshuffle_each_epoch):
         return lambda ds: ds.shuffle(plan.shuffled_blocks, seed=plan.seed).prefetch(1)
     return _unchanged
@@ -131,6 +228,8 @@ def _reshuffled_blocks(plan: ReadPlan):
 def _shuffled(plan: ReadPlan, parallel: dict, finished: bool):
     """Blocks of decoded pixels into batches, or (images decoded one by one) blocks of
     records into records, in training through shuffle windows."""
+    if plan.sampling:  # records drawn at random already
+        return _unchanged
     if plan.per_image:
         return (lambda ds: batches.shuffled_records(plan, ds)) if plan.training else _unbatch
     if plan.training:

@@ -22,6 +22,7 @@ from chute.format.spec import ImageSpec
 from chute.machine import available_cores
 from chute.read import service
 from chute.read.options import LoadOptions
+from chute.read.sampling import class_probabilities, describe, share_counts
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,11 @@ class ReadPlan:
         data_service: a ``tf.data`` service dispatcher (``grpc://HOST:PORT``)
             whose workers run this pipeline (training), or None.
         job_name: the service job that several input pipelines share, or None.
+        sampling: training's class sampling: the probability of drawing each class
+            (by label, summing to 1), or None (every record once an epoch). Records
+            are then decoded one by one (``per_image``), after the draw.
+        class_counts: with ``sampling``, each class's examples in this pipeline's share.
+        shard_classes: with ``sampling``, the classes each of ``files`` holds.
     """
 
     files: tuple[str, ...]
@@ -95,6 +101,9 @@ class ReadPlan:
     steps: int
     data_service: str | None = None
     job_name: str | None = None
+    sampling: tuple[float, ...] | None = None
+    class_counts: tuple[int, ...] = ()
+    shard_classes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def shuffled_blocks(self) -> int:
@@ -110,6 +119,21 @@ class ReadPlan:
         if self.training:
             return self.num_examples // self.batch_size
         return -(-self.num_examples // self.batch_size)
+
+    @property
+    def class_streams(self) -> tuple[tuple[int, bool], ...]:
+        """Class sampling: ``(label, kept)`` for each class drawn; ``kept``: its records are
+        cached after their first pass, when there is a cache and an epoch draws the class
+        at least twice over (its first pass then ends within the first epoch, and what is
+        drawn more than once is read once)."""
+        if self.sampling is None:
+            return ()
+        draws = self.steps * self.batch_size
+        return tuple(
+            (label, self.cache is not None and p * draws >= 2 * self.class_counts[label])
+            for label, p in enumerate(self.sampling)
+            if p > 0
+        )
 
 
 def make_plan(
@@ -157,11 +181,12 @@ def make_plan(
     pipelines, index, replicas = _pipeline(input_context)
     cropped = random_crop is not None or stored.size != size or crop_fraction < 1
     namespace = _namespace(manifest, split, (pipelines, index), cropped, shape)
+    sampled = options.sampling is not None
     cache, cache_bytes = _cache_target(
         cache,
         manifest,
         split,
-        encoded=cropped or not stored.fixed_size,
+        encoded=cropped or sampled or not stored.fixed_size,
         namespace=namespace,
         room=cache_room,
     )
@@ -170,12 +195,18 @@ def make_plan(
     # Through the service: records shuffled, then decoded one by one; each worker's last
     # batch is kept short, and the trainer regroups them (no example dropped there).
     per_image = per_image or data_service is not None
+    # Class sampling: records drawn by their label, then decoded one by one.
+    per_image = per_image or sampled
 
     files, counts, sizes, every_nth = _share(manifest, split, pipelines, index, data_service)
     num_examples = sizes[index]
     if num_examples == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
     batch_size = options.batch_size
+    steps = _steps(sizes, num_examples, batch_size, training, options.pad_final_batch)
+    sampling, class_counts, shard_classes = _sampling(
+        manifest, split, options.sampling, (pipelines, index), every_nth, steps * batch_size
+    )
     return ReadPlan(
         files=tuple(files),
         counts=tuple(counts),
@@ -207,9 +238,12 @@ def make_plan(
         repeat=options.repeat,
         pad_final_batch=options.pad_final_batch,
         skip_corrupt=options.skip_corrupt,
-        steps=_steps(sizes, num_examples, batch_size, training, options.pad_final_batch),
+        steps=steps,
         data_service=data_service,
         job_name=service.job_name(namespace, pipelines) if data_service else None,
+        sampling=sampling,
+        class_counts=class_counts,
+        shard_classes=shard_classes,
     )
 
 
@@ -225,6 +259,39 @@ def _check_against(manifest: Manifest, split: str, options: LoadOptions, trainin
             "`pad_final_batch` applies to evaluation (training=False) only; split "
             f"{split!r} is read for training unless training=False"
         )
+    if options.sampling is not None and not training:
+        raise ChuteError(
+            f"`sampling` chooses training draws; split {split!r} is read for evaluation "
+            f"unless training=True. Received: sampling={options.sampling!r}"
+        )
+    if options.sampling is not None and options.data_service is not None:
+        raise ChuteError(
+            "`sampling` draws from a stream per class, which the tf.data service cannot deal "
+            f"out by shard; pass one of them. Received: sampling={options.sampling!r}, "
+            f"data_service={options.data_service!r}"
+        )
+
+
+def _sampling(
+    manifest: Manifest,
+    split: str,
+    sampling: Any,
+    pipeline: tuple[int, int],
+    every_nth: tuple[int, int] | None,
+    draws: int,
+) -> tuple[tuple[float, ...] | None, tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """``(draw probabilities, class counts, classes of each shard)`` of this input
+    pipeline's share (see :class:`ReadPlan`), logged; without sampling ``(None, (), ())``."""
+    if sampling is None:
+        return None, (), ()
+    counts, shard_classes = share_counts(manifest, split, *pipeline, by_record=bool(every_nth))
+    probabilities = class_probabilities(manifest, split, sampling, counts=counts)
+    log.info(
+        "sampling=%r: %s",
+        sampling,
+        describe(manifest.class_names, probabilities, counts, draws),
+    )
+    return probabilities, counts, shard_classes
 
 
 def _pipeline(input_context: Any) -> tuple[int, int, int]:

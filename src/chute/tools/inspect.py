@@ -11,10 +11,12 @@ import statistics
 from chute.format import manifest as manifest_lib
 
 _LIST_CLASSES_UP_TO = 20
+_SMALLEST_SHOWN = 3  # classes named on each split's imbalance line
 
 
 def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int = 10) -> str:
-    """Summarises a converted dataset: classes, counts, image spec, shards, rejects.
+    """Summarises a converted dataset: classes, counts, image spec, shards, rejects, and
+    each split's class imbalance (largest / smallest class, and the smallest classes).
 
     With many classes the per-class table is replaced by min/median/max and
     the smallest and largest classes.
@@ -49,6 +51,9 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
             f"{f'{min(counts)}/{statistics.median(counts):g}/{max(counts)}':>27}"
         )
     lines.append("")
+    lines.append("imbalance (largest / smallest class):")
+    lines += [f"  {imbalance(manifest, name)}" for name in manifest.splits]
+    lines.append("")
     split_names = list(manifest.splits)
     if manifest.num_classes <= _LIST_CLASSES_UP_TO:
         lines.append(f"{'label':>5}  {'class':<24}" + "".join(f"{n:>8}" for n in split_names))
@@ -74,3 +79,26 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
         "to keep them out of two splits)"
     )
     return "\n".join(lines)
+
+
+def imbalance(manifest: manifest_lib.Manifest, split: str) -> str:
+    """One line on how unequal ``split``'s classes are: the largest class count over the
+    smallest, and the smallest classes (``chute.load(..., sampling="balanced")`` draws
+    every class equally).
+
+    Example:
+        >>> imbalance(manifest, "train")  # doctest: +SKIP
+        'train  50x (500 / 10); smallest: a (10), b (500)'
+    """
+    counts = manifest.splits[split]["class_counts"]
+    present = [count for count in counts if count]
+    if not present:
+        return f"{split:<6} no examples"
+    largest, smallest = max(present), min(present)
+    ratio = f"{largest / smallest:.3g}x ({largest} / {smallest})"
+    if len(present) < len(counts):
+        ratio = f"{len(counts) - len(present)} of {len(counts)} classes without examples; "
+        ratio += f"the others {largest / smallest:.3g}x ({largest} / {smallest})"
+    order = sorted(range(len(counts)), key=lambda label: (counts[label], label))
+    shown = ", ".join(f"{manifest.class_names[i]} ({counts[i]})" for i in order[:_SMALLEST_SHOWN])
+    return f"{split:<6} {ratio}; smallest: {shown}"

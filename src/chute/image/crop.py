@@ -1,0 +1,180 @@
+"""One stored image to the model's pixels in NumPy and OpenCV: what the Grain engine's
+worker processes run, without TensorFlow.
+
+The same operations as :mod:`chute.image.tf_ops`, with the same windows:
+
+- **Training** (:func:`random_window` then :func:`window_pixels`): an
+  Inception-style random-resized crop (an area share in ``scale``, an aspect
+  ratio drawn log-uniformly in ``ratio``, ten tries, else the whole image),
+  resized to the output size; the caller flips.
+- **Evaluation** (:func:`centre_window`): the centred window of the output's
+  aspect ratio over ``crop_fraction`` of the shorter side, computed as
+  ``tf_ops.centre_crop`` computes it (same rounding).
+
+A JPEG is decoded at 1/2, 1/4 or 1/8 of its size (libjpeg's DCT scaling,
+through OpenCV) when the window still covers the output at that scale: most of
+a large photo's decoding is skipped. Resizing is bilinear (or the dataset's
+interpolation) on float32 pixels rounded back to uint8, as ``tf.image.resize``
+then ``round`` does: images stored at the output size and evaluated uncropped
+are the stored pixels, exactly as the tf.data engine reads them.
+
+Example:
+    >>> centre_window(256, 320, (224, 224), 0.875)
+    (16, 48, 224, 224)
+    >>> rng = np.random.default_rng(0)
+    >>> top, left, height, width = random_window(100, 100, rng, (0.5, 1.0), (0.75, 1.33))
+    >>> 0.5 * 100 * 100 <= height * width * 1.05 and top + height <= 100
+    True
+"""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+
+cv2.setNumThreads(1)  # parallelism comes from worker processes
+
+_FILTERS = {
+    "nearest": cv2.INTER_NEAREST_EXACT,
+    "bilinear": cv2.INTER_LINEAR,
+    "bicubic": cv2.INTER_CUBIC,
+    "area": cv2.INTER_AREA,
+    "lanczos": cv2.INTER_LANCZOS4,
+}
+_REDUCED = {
+    (1, 2): cv2.IMREAD_REDUCED_GRAYSCALE_2,
+    (1, 4): cv2.IMREAD_REDUCED_GRAYSCALE_4,
+    (1, 8): cv2.IMREAD_REDUCED_GRAYSCALE_8,
+    (3, 2): cv2.IMREAD_REDUCED_COLOR_2,
+    (3, 4): cv2.IMREAD_REDUCED_COLOR_4,
+    (3, 8): cv2.IMREAD_REDUCED_COLOR_8,
+}
+
+Window = tuple[int, int, int, int]  # top, left, height, width
+
+
+def centre_window(height: int, width: int, size: tuple[int, int], fraction: float) -> Window:
+    """The centred window of ``size``'s aspect ratio covering ``fraction`` of the image's
+    shorter side (as ``tf_ops.centre_crop``: rounded half to even, at least 1 pixel).
+
+    Example:
+        >>> centre_window(64, 64, (64, 64), 1.0)
+        (0, 0, 64, 64)
+    """
+    aspect = size[1] / size[0]
+    window_height = np.float32(min(height, width / aspect) * fraction)
+    window_width = np.float32(min(width, height * aspect) * fraction)
+    crop_height = max(1, int(np.round(window_height)))
+    crop_width = max(1, int(np.round(window_width)))
+    return (height - crop_height) // 2, (width - crop_width) // 2, crop_height, crop_width
+
+
+def random_window(
+    height: int,
+    width: int,
+    rng: np.random.Generator,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+) -> Window:
+    """A random-resized crop's window: ``scale`` of the area, aspect ratio (width /
+    height) in ``ratio``; the whole image when ten tries find none that fits.
+
+    Example:
+        >>> random_window(10, 10, np.random.default_rng(1), (1.0, 1.0), (1.0, 1.0))
+        (0, 0, 10, 10)
+    """
+    area = height * width
+    low, high = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(low, high))
+        crop_width = round(math.sqrt(target * aspect))
+        crop_height = round(math.sqrt(target / aspect))
+        if 0 < crop_width <= width and 0 < crop_height <= height:
+            top = int(rng.integers(0, height - crop_height + 1))
+            left = int(rng.integers(0, width - crop_width + 1))
+            return top, left, crop_height, crop_width
+    return 0, 0, height, width
+
+
+def decode(
+    data: bytes,
+    encoding: str,
+    shape: tuple[int, int, int],
+    *,
+    reduce: int = 1,
+) -> np.ndarray:
+    """A stored image as HxWxC uint8 (RGB); a JPEG at ``1/reduce`` of its size.
+
+    Example:
+        >>> decode(bytes(12), "raw", (2, 2, 3)).shape
+        (2, 2, 3)
+    """
+    channels = shape[2]
+    if encoding == "raw":
+        return np.frombuffer(data, np.uint8).reshape(shape)
+    buffer = np.frombuffer(data, np.uint8)
+    if reduce > 1:
+        flags = _REDUCED[(channels, reduce)]
+    else:
+        flags = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
+    pixels = cv2.imdecode(buffer, flags | cv2.IMREAD_IGNORE_ORIENTATION)
+    if pixels is None:
+        raise ValueError(f"a {encoding} image that does not decode")
+    if channels == 1:
+        return pixels.reshape(*pixels.shape[:2], 1)
+    return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+
+
+def window_pixels(
+    data: bytes,
+    encoding: str,
+    shape: tuple[int, int, int],
+    window: Window,
+    size: tuple[int, int],
+    interpolation: str = "bilinear",
+) -> np.ndarray:
+    """The ``window`` of a stored image resized to ``size``: HxWxC uint8. A JPEG is
+    decoded at the smallest DCT scale that still covers ``size`` with the window.
+
+    Example:
+        >>> pixels = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+        >>> window_pixels(pixels.tobytes(), "raw", (4, 4, 3), (1, 1, 2, 2), (2, 2)).shape
+        (2, 2, 3)
+    """
+    top, left, height, width = window
+    reduce = 1
+    if encoding == "jpeg":
+        for factor in (8, 4, 2):
+            if height // factor >= size[0] and width // factor >= size[1]:
+                reduce = factor
+                break
+    pixels = decode(data, encoding, shape, reduce=reduce)
+    if reduce > 1:  # the window in the reduced image (libjpeg rounds sizes up)
+        top, left = top // reduce, left // reduce
+        height, width = height // reduce, width // reduce
+    pixels = pixels[top : top + height, left : left + width]
+    return resized(pixels, size, interpolation)
+
+
+def resized(pixels: np.ndarray, size: tuple[int, int], interpolation: str) -> np.ndarray:
+    """HxWxC uint8 at ``size`` (the same array when it is already), resampled in float32
+    and rounded, as ``tf.image.resize`` then ``round``.
+
+    Example:
+        >>> resized(np.full((4, 4, 1), 7, np.uint8), (2, 2), "bilinear")[..., 0]
+        array([[7, 7],
+               [7, 7]], dtype=uint8)
+    """
+    if pixels.shape[:2] == tuple(size):
+        return pixels
+    channels = pixels.shape[2]
+    out = cv2.resize(
+        pixels.astype(np.float32),
+        (size[1], size[0]),
+        interpolation=_FILTERS[interpolation],
+    )
+    out = np.clip(np.round(out), 0, 255).astype(np.uint8)
+    return out.reshape(size[0], size[1], channels)

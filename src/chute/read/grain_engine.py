@@ -1,0 +1,301 @@
+"""``chute.load(..., engine="grain")``: the same batches as the tf.data engine, as a Grain
+dataset over the record indexes: a global shuffle, and a position that is saved and restored.
+
+Every batch is a pure function of its number. Training batch ``j`` of epoch
+``e`` holds positions ``j * batch .. (j + 1) * batch`` of that epoch's draw: a
+permutation of every record of the split seeded by ``(seed, e)`` (or, with
+``sampling``, a weighted draw with replacement of the same length), of which
+each input pipeline (a host, a JAX process) takes its own contiguous share of
+``steps * batch`` positions. Each image's crop and flip are drawn from a
+generator keyed by ``(seed, e, position)``. So an iterator's state is where it
+is (Grain's ``get_state()``: a few bytes), an epoch's order is a new global
+permutation, and a run resumed at batch ``j`` reads exactly the batches it
+would have read.
+
+Reading and decoding happen in Grain's worker processes (``workers``; one per
+core by default): a positioned read of the record
+(:class:`~chute.read.grain_source.GrainSource`), a JPEG decoded at the
+smallest DCT scale that covers the crop, OpenCV's resize
+(:mod:`chute.image.crop`). Heavy augmentations (rotation, MixUp, ...) run in
+the train step (``augment_on="device"``).
+
+Evaluation reads every example once, in record order, each input pipeline a
+contiguous share, the last batch short or (``pad_final_batch``) padded with
+weight-0 examples and every pipeline given the largest share's batches.
+
+Example:
+    >>> train = chute.load("./kn-shards", engine="grain", seed=0)  # doctest: +SKIP
+    >>> iterator = iter(train)  # doctest: +SKIP
+    >>> images, labels = next(iterator)  # doctest: +SKIP
+    >>> state = iterator.get_state()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+from typing import Any
+
+import cv2
+import numpy as np
+
+from chute.errors import ChuteError
+from chute.image import crop
+from chute.machine import available_cores
+from chute.read.grain_source import GrainSource
+from chute.read.plan import ReadPlan
+
+log = logging.getLogger(__name__)
+
+MAX_EPOCHS = 1 << 20  # the training stream's length, in epochs ("forever")
+_CROP_KEY, _FLIP_KEY = 1, 2
+
+
+def _grain():
+    try:
+        import grain
+    except ImportError:
+        raise ChuteError(
+            "engine='grain' needs Grain: pip install 'chute[grain]' (or grain)"
+        ) from None
+    from absl import flags  # Grain reads its absl flags, which a program without absl never parses
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    return grain
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """What one input pipeline reads: ``pipelines`` of them, this one ``index``."""
+
+    pipelines: int = 1
+    index: int = 0
+
+
+class Positions:
+    """The examples of a pipeline's stream by position: ``(image, label, weight)``.
+
+    Picklable (Grain sends it to its worker processes); the epoch's draw is made
+    once per process and epoch.
+    """
+
+    def __init__(
+        self,
+        source: GrainSource,
+        plan: ReadPlan,
+        *,
+        seed: int,
+        share: Share,
+        probabilities: np.ndarray | None,
+        steps: int,
+        flip: bool,
+    ):
+        self.source, self.plan, self.seed, self.share = source, plan, seed, share
+        self.probabilities, self.steps, self.flip = probabilities, steps, flip
+        self.per_epoch = steps * plan.batch_size
+        self.records = None
+        if plan.training:
+            self.length = MAX_EPOCHS * self.per_epoch
+        else:
+            shares = np.array_split(np.arange(len(source)), share.pipelines)
+            self.records = shares[share.index]
+            self.length = self.per_epoch if plan.pad_final_batch else len(self.records)
+        self._drawn: tuple[int, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_drawn": None}
+
+    def draw(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s record numbers, for every pipeline (a permutation of the
+        split, or weighted draws with replacement of the same length)."""
+        if self._drawn is None or self._drawn[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            total = self.per_epoch * self.share.pipelines
+            if self.probabilities is None:
+                order = rng.permutation(len(self.source))[:total]
+            else:
+                order = rng.choice(len(self.source), size=total, p=self.probabilities)
+            self._drawn = (epoch, order)
+        return self._drawn[1]
+
+    def __getitem__(self, position: int):
+        plan = self.plan
+        if not plan.training:
+            if position >= len(self.records):  # padding: weight 0
+                return np.zeros(plan.shape, np.uint8), 0, 0.0
+            values = self.source[int(self.records[position])]
+            return self._pixels(values, None), values["class"], 1.0
+        epoch, within = divmod(int(position), self.per_epoch)
+        spot = self.share.index * self.per_epoch + within
+        values = self.source[int(self.draw(epoch)[spot])]
+        rng = np.random.default_rng([self.seed, epoch, spot])
+        return self._pixels(values, rng), values["class"], 1.0
+
+    def _pixels(self, values: dict, rng: np.random.Generator | None) -> np.ndarray:
+        """Evaluation (no ``rng``): the centre crop; training: the random-resized crop
+        (or the whole image) and the flip."""
+        plan = self.plan
+        height, width = (int(n) for n in values["size"])
+        shape, size = (height, width, int(values["channels"])), plan.shape[:2]
+        if rng is not None and plan.random_crop is not None:
+            window = crop.random_window(height, width, rng, *plan.random_crop)
+        else:
+            fraction = plan.crop_fraction if rng is None else 1.0
+            window = crop.centre_window(height, width, size, fraction)
+        image = crop.window_pixels(
+            values["image"], values["encoding"], shape, window, size, plan.stored.interpolation
+        )
+        if rng is not None and self.flip and rng.random() < 0.5:
+            image = cv2.flip(image, 1).reshape(image.shape)  # a copy: a view stacks slowly
+        return image
+
+
+class Finish:
+    """A batch of ``(images, labels, weights)`` as ``chute.load`` yields it: labels in the
+    label mode, images in the dtype, weights only with ``pad_final_batch``."""
+
+    def __init__(self, plan: ReadPlan):
+        self.plan = plan
+
+    def __call__(self, batch):
+        images, labels, weights = batch
+        plan = self.plan
+        images = np.ascontiguousarray(images)
+        if plan.dtype != "uint8":
+            images = images.astype(np.float32) / np.float32(255)
+            if plan.dtype == "bfloat16":
+                import ml_dtypes
+
+                images = images.astype(ml_dtypes.bfloat16)
+        if plan.label_mode is None:
+            return images
+        labels = np.asarray(labels)
+        if plan.label_mode == "int":
+            labels = labels.astype(np.int32)
+        elif plan.label_mode == "binary":
+            labels = labels.astype(np.float32).reshape(-1, 1)
+        else:
+            labels = np.eye(plan.num_classes, dtype=np.float32)[labels]
+        if plan.pad_final_batch:
+            return images, labels, np.asarray(weights, np.float32)
+        return images, labels
+
+
+def steps_of(plan: ReadPlan, records: int, share: Share) -> int:
+    """Batches per epoch of each pipeline: training, full batches of an equal share;
+    evaluation, this pipeline's share (padded: the largest share's)."""
+    if plan.training:
+        return records // (plan.batch_size * share.pipelines)
+    shares = [len(part) for part in np.array_split(np.arange(records), share.pipelines)]
+    mine = max(shares) if plan.pad_final_batch else shares[share.index]
+    return -(-mine // plan.batch_size)
+
+
+def make_dataset(
+    plan: ReadPlan,
+    source: GrainSource,
+    share: Share,
+    *,
+    split: str,
+    manifest,
+    sampling,
+    workers: int | None,
+    flip: bool,
+):
+    """The Grain dataset of ``plan`` over ``source`` (see the module docstring): a
+    ``grain.IterDataset`` whose every ``iter()`` is the next epoch (or the one
+    ``set_epoch`` names), and whose ``len()`` is the batches of an epoch."""
+    seed = plan.seed if plan.seed is not None else int.from_bytes(os.urandom(4), "little")
+    if plan.seed is None and plan.training:
+        log.info("grain engine: no seed given; this dataset's seed is %d", seed)
+    probabilities = None
+    if plan.training and sampling is not None:
+        probabilities = _record_probabilities(manifest, split, sampling, source)
+    steps = steps_of(plan, len(source), share)
+    positions = Positions(
+        source, plan, seed=seed, share=share, probabilities=probabilities, steps=steps, flip=flip
+    )
+    workers = available_cores() if workers is None else workers
+    log.info(
+        "grain engine: input pipeline %d of %d, %s, %d batches of %d per epoch, %d worker(s)",
+        share.index,
+        share.pipelines,
+        "a new global shuffle each epoch" if plan.training else "every example once, in order",
+        steps,
+        plan.batch_size,
+        workers,
+    )
+    return _dataset_class()(positions, workers)
+
+
+def _record_probabilities(manifest, split: str, sampling, source: GrainSource) -> np.ndarray:
+    """Each record's chance of a draw: its class's share, spread over the class's records
+    (the labels are read once from the records; no image is decoded)."""
+    from chute.read import sampling as sampling_lib
+
+    labels = np.fromiter((source[i]["class"] for i in range(len(source))), np.int64, len(source))
+    classes = np.asarray(sampling_lib.class_probabilities(manifest, split, sampling), np.float64)
+    counts = np.bincount(labels, minlength=len(classes))
+    per_record = classes[labels] / np.maximum(counts[labels], 1)
+    return per_record / per_record.sum()
+
+
+@functools.cache
+def _dataset_class():
+    grain = _grain()
+
+    class ChuteGrainDataset(grain.IterDataset):
+        """Batches of a split read through Grain: each ``iter()`` an epoch (the next
+        one, or the one :meth:`set_epoch` names, from the batch it names); ``len()``
+        its batches. Its iterators have Grain's ``get_state()``/``set_state()``."""
+
+        def __init__(self, positions: Positions, workers: int):
+            super().__init__([])
+            self.positions, self.plan, self.workers = positions, positions.plan, workers
+            self.epoch, self.start = 0, 0
+
+        def __len__(self) -> int:
+            return self.positions.steps
+
+        def set_epoch(self, epoch: int, start: int = 0) -> None:
+            """The next ``iter()`` reads epoch ``epoch`` (0-based) from its batch ``start``."""
+            self.epoch, self.start = int(epoch), int(start)
+
+        def batches(self):
+            """Every batch, by number (training: of every epoch in turn): a ``grain.MapDataset``."""
+            return (
+                grain.MapDataset.source(self.positions)
+                .batch(self.plan.batch_size, drop_remainder=self.plan.training, batch_fn=_stacked)
+                .map(Finish(self.plan))
+            )
+
+        def __iter__(self):
+            batches, steps = self.batches(), self.positions.steps
+            if self.plan.training:
+                first = self.epoch * steps + self.start
+                last = None if self.plan.repeat else (self.epoch + 1) * steps
+                batches = batches.slice(slice(first, last))
+                self.epoch, self.start = self.epoch + 1, 0
+            elif self.plan.repeat:
+                batches = batches.repeat()
+            threads = 0 if self.workers else 4
+            dataset = batches.to_iter_dataset(
+                grain.ReadOptions(num_threads=threads, prefetch_buffer_size=threads)
+            )
+            if self.workers:
+                options = grain.MultiprocessingOptions(num_workers=self.workers)
+                dataset = dataset.mp_prefetch(options)
+            return iter(dataset)
+
+    return ChuteGrainDataset
+
+
+def _stacked(examples):
+    images, labels, weights = zip(*examples, strict=True)
+    return np.stack(images), np.asarray(labels), np.asarray(weights, np.float32)

@@ -1,0 +1,205 @@
+"""chute.load(engine="grain"): global shuffle, positions that save and restore, the same
+evaluation pixels as the tf.data engine, class-balanced draws, and exact mid-epoch resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import once_per_run, write_image
+
+import chute
+from chute import ChuteError
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """3 classes x 40 RGB 24x32 photos-like images as JPEG shards (train 90 in 12
+    shards, val 30), stored at their aspect ratio (evaluation centre-crops them)."""
+
+    def build(root: Path) -> None:
+        rng = np.random.default_rng(0)
+        for label, name in enumerate("abc"):
+            for index in range(40):
+                pixels = rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)
+                pixels[:, :, label] = 200
+                write_image(root / "src" / name / f"{index:03d}.png", pixels)
+        chute.convert(
+            root / "src", root / "shards", image_size=(24, 32), resize="crop", encoding="jpeg",
+            val_fraction=0.25, min_shards=12, workers=1,
+        )  # fmt: skip
+
+    return once_per_run(tmp_path_factory, "grain-shards", build) / "shards"
+
+
+def test_each_epoch_is_a_new_global_permutation(shards):
+    train = chute.load(shards, engine="grain", batch_size=8, seed=3, workers=0)
+    assert len(train) == 90 // 8 == train.chute.steps
+    records = len(train.positions.source)
+    first, second = train.positions.draw(0), train.positions.draw(1)
+    # each record at most once: every record but the last partial batch's (a new 2 each epoch)
+    for order in (first, second):
+        assert len(set(order.tolist())) == len(order) == 88 and set(order) <= set(range(records))
+    assert list(first) != list(second)
+    batches = [list(iter(train)) for _ in range(2)]  # each iter() the next epoch
+    assert [len(epoch) for epoch in batches] == [11, 11]
+    labels = [np.concatenate([b[1] for b in epoch]) for epoch in batches]
+    assert not np.array_equal(labels[0], labels[1])
+    same = chute.load(shards, engine="grain", batch_size=8, seed=3, workers=0)
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in iter(same)]),
+                                  np.concatenate([b[0] for b in batches[0]]))  # fmt: skip
+
+
+def test_the_start_of_an_epoch_draws_from_almost_every_shard(tmp_path):
+    """A global shuffle: the first 5% of an epoch comes from >= 90% of the shards (a
+    window shuffle over interleaved shards reads a few shards at a time)."""
+    images = np.random.default_rng(1).integers(0, 255, (2000, 4, 4), dtype=np.uint8)
+    np.savez(tmp_path / "data.npz", x=images, y=np.arange(2000) % 4)
+    chute.convert(tmp_path / "data.npz", tmp_path / "shards", val_fraction=0, min_shards=20,
+                  workers=1)  # fmt: skip
+    train = chute.load(tmp_path / "shards", engine="grain", batch_size=10, seed=0, workers=0)
+    source = train.positions.source
+    shards = len(source._starts) - 1  # record number of each shard's first record, then all
+    assert shards >= 20
+    early = train.positions.draw(0)[: len(source) // 20]
+    hit = {int(np.searchsorted(source._starts, r, side="right")) - 1 for r in early}
+    assert len(hit) >= 0.9 * shards, (len(hit), shards)
+
+
+def test_a_restored_iterator_in_a_new_process_continues_exactly(shards, tmp_path):
+    train = chute.load(shards, engine="grain", batch_size=8, seed=5, augment="crop,flip",
+                       image_size=16, workers=0)  # fmt: skip
+    iterator = iter(train)
+    for _ in range(4):
+        next(iterator)
+    state = iterator.get_state()
+    assert len(json.dumps(state)) < 500
+    expected = next(iterator)
+    script = tmp_path / "child.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import json, sys, numpy as np, chute
+        train = chute.load({str(shards)!r}, engine="grain", batch_size=8, seed=5,
+                           augment="crop,flip", image_size=16, workers=0)
+        iterator = iter(train)
+        iterator.set_state(json.loads(sys.argv[1]))
+        images, labels = next(iterator)
+        np.save(sys.argv[2], images), np.save(sys.argv[3], labels)
+    """)
+    )
+    out = [tmp_path / "images.npy", tmp_path / "labels.npy"]
+    subprocess.run([sys.executable, str(script), json.dumps(state), *map(str, out)],
+                   check=True, timeout=120)  # fmt: skip
+    np.testing.assert_array_equal(np.load(out[0]), expected[0])
+    np.testing.assert_array_equal(np.load(out[1]), expected[1])
+
+
+@pytest.mark.parametrize("image_size", [None, (24, 24)])
+def test_evaluation_gives_the_tf_engines_pixels_every_example_once(shards, image_size):
+    options = dict(batch_size=8, image_size=image_size, pad_final_batch=True)
+    on_grain = list(chute.load(shards, "val", engine="grain", workers=0, **options))
+    on_tf = list(chute.load(shards, "val", **options).as_numpy_iterator())
+    assert len(on_grain) == len(on_tf) == 4  # 30 in batches of 8, the last padded
+    for mine, theirs in zip(on_grain, on_tf, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_the_grain_engine_runs_its_work_in_worker_processes(shards):
+    train = chute.load(shards, engine="grain", batch_size=8, seed=1, workers=2)
+    alone = chute.load(shards, engine="grain", batch_size=8, seed=1, workers=0)
+    for a, b in zip(iter(train), iter(alone), strict=True):
+        np.testing.assert_array_equal(a[0], b[0])
+
+
+@pytest.fixture(scope="module")
+def imbalanced(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("imbalanced")
+    labels = np.array([0] * 10 + [1] * 500)
+    images = np.random.default_rng(0).integers(0, 255, (510, 4, 4), dtype=np.uint8)
+    np.savez(root / "data.npz", x=images, y=labels)
+    chute.convert(root / "data.npz", root / "shards", val_fraction=0, workers=1)
+    return root / "shards"
+
+
+def test_balanced_sampling_draws_every_class_alike(imbalanced):
+    train = chute.load(imbalanced, engine="grain", batch_size=30, seed=0, workers=0,
+                       sampling="balanced")  # fmt: skip
+    assert len(train) == 510 // 30
+    labels = np.concatenate([b[1] for epoch in range(3) for b in iter(train)])
+    assert abs(labels.mean() - 0.5) < 0.05, labels.mean()
+
+
+def test_what_the_grain_engine_cannot_do_is_refused(shards):
+    with pytest.raises(ChuteError, match="`skip_corrupt`"):
+        chute.load(shards, engine="grain", skip_corrupt=True)
+    with pytest.raises(ChuteError, match="augment_on='device'"):
+        chute.load(shards, engine="grain", augment="crop,rotation")
+    with pytest.raises(ChuteError, match="`engine`"):
+        chute.load(shards, engine="torch")
+    device = chute.load(shards, engine="grain", augment="crop,rotation", augment_on="device")
+    assert device.chute.device_augmentation is not None
+
+
+RESUME = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[4])
+import chute
+from chute.fit import train as training
+from helpers import Killed
+data, run, kill = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+options = dict(model="kannada-cnn", epochs=2, batch_size=8, strategy="cpu", verbose=0, seed=1,
+               image_size=16, augment="crop,flip", schedule="cosine", backup_every=3,
+               load={"engine": "grain", "workers": 0})
+if kill:
+    real = training._EpochTimer
+    def dying():
+        timer, seen = real(), [0]
+        def on_train_batch_end(batch, logs=None):
+            seen[0] += 1
+            if seen[0] == kill:
+                raise Killed
+        timer.on_train_batch_end = on_train_batch_end
+        return timer
+    training._EpochTimer = dying
+    try:
+        chute.train(data, run, **options)
+    except Killed:
+        os._exit(3)
+chute.train(data, run, **options)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_run_killed_mid_epoch_resumes_on_the_next_batch(shards, tmp_path):
+    """Killed after step 8 of 22 (backed up at 6, mid-epoch 0 of 11 steps), each run in its
+    own process: the resumed run ends with the uninterrupted one's weights, bit for bit
+    (same batches, learning rate, optimizer step and dropout draws)."""
+    import keras
+
+    script = tmp_path / "resume.py"
+    script.write_text(RESUME)
+
+    def run(name: str, kill: int) -> int:
+        args = [sys.executable, str(script), str(shards), str(tmp_path / name), str(kill)]
+        return subprocess.run([*args, str(TESTS)], timeout=300, capture_output=True).returncode
+
+    assert run("whole", 0) == 0
+    assert run("cut", 8) == 3  # killed
+    assert (tmp_path / "cut" / "backup" / "seeds.json").exists()
+    assert run("cut", 0) == 0
+    whole = keras.models.load_model(tmp_path / "whole" / "checkpoints" / "last.keras")
+    cut = keras.models.load_model(tmp_path / "cut" / "checkpoints" / "last.keras")
+    for a, b in zip(whole.get_weights(), cut.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    history = json.loads((tmp_path / "cut" / "history.json").read_text())
+    assert len(history["loss"]) == 2
