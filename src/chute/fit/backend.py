@@ -10,8 +10,9 @@ On TensorFlow, a run trains under a ``tf.distribute`` strategy
 (:mod:`chute.fit.strategy`). On JAX and torch, :func:`devices` returns a
 :class:`KerasDevices` instead: the few things ``chute train`` uses of a strategy
 (``scope()``, ``num_replicas_in_sync``, ``chute_kind``), backed by
-``keras.distribution.DataParallel`` over every local device on JAX, or one
-device on torch. Either way the input is chute's tf.data pipeline, so
+``keras.distribution.DataParallel`` over every device on JAX (this host's, or
+every host's when JAX runs one process per host, see :mod:`chute.fit.processes`),
+or one device on torch. Either way the input is chute's tf.data pipeline, so
 TensorFlow is first kept off the accelerators (:func:`keep_tensorflow_off_accelerators`):
 a TensorFlow that saw a TPU or the GPUs would take them from JAX or torch.
 
@@ -146,6 +147,10 @@ class KerasDevices:
         distribution: the ``keras.distribution.DataParallel`` over them (JAX), or
             None (one device).
         gpu_mixed_float16: every GPU computes float16 fast (compute capability 7.0+).
+        processes: JAX processes (one per host) whose devices these are, all of them
+            (see :mod:`chute.fit.processes`).
+        process_index: this process's index among them (0: the chief).
+        local_count: the devices of this process (0: all of them).
     """
 
     backend: str
@@ -153,6 +158,14 @@ class KerasDevices:
     devices: tuple[str, ...]
     distribution: Any = None
     gpu_mixed_float16: bool = False
+    processes: int = 1
+    process_index: int = 0
+    local_count: int = 0
+
+    @property
+    def devices_here(self) -> int:
+        """The devices of this process, which its input pipeline feeds."""
+        return self.local_count or len(self.devices)
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -179,15 +192,20 @@ class KerasDevices:
         return contextlib.nullcontext()
 
     def describe(self) -> str:
-        """For logs and the CLI: ``"jax cpu: 4 device(s)"``."""
-        return f"{self.backend} {self.chute_kind}: {len(self.devices)} device(s)"
+        """For logs and the CLI: ``"jax cpu: 4 device(s)"``, and on several hosts
+        ``"jax tpu: 32 device(s) over 4 processes, 8 here"``."""
+        described = f"{self.backend} {self.chute_kind}: {len(self.devices)} device(s)"
+        if self.processes > 1:
+            described += f" over {self.processes} processes, {self.devices_here} here"
+        return described
 
 
 def devices(backend: str, kind: str = "auto", *, tpu: str | None = None) -> KerasDevices:
     """The devices a JAX or torch run trains on (``kind`` as the ``strategy`` option).
 
-    JAX: every local device of the kind (``auto``: TPU chips, else GPUs, else the
-    CPU devices), in one ``DataParallel``. torch: one device.
+    JAX: every device of the kind (``auto``: TPU chips, else GPUs, else the CPU
+    devices), in one ``DataParallel``: this host's, or with several JAX processes
+    (:mod:`chute.fit.processes`) every process's. torch: one device.
 
     Raises:
         ChuteError: a kind that is not there, a TensorFlow-only option
@@ -227,8 +245,20 @@ def _jax_devices(kind: str) -> KerasDevices:
     fast_fp16 = platform == "gpu" and all(
         float(getattr(d, "compute_capability", "0") or 0) >= 7.0 for d in local
     )
-    distribution = keras.distribution.DataParallel(devices=names)
-    return KerasDevices("jax", platform, tuple(names), distribution, fast_fp16)
+    processes = jax.process_count()
+    # Every device of every process; on several, each process feeds its own part of the
+    # global batch (chute.load's per-process input), which Keras must not shard again.
+    distribution = keras.distribution.DataParallel(devices=names, auto_shard_dataset=processes == 1)
+    return KerasDevices(
+        "jax",
+        platform,
+        tuple(names),
+        distribution,
+        fast_fp16,
+        processes=processes,
+        process_index=jax.process_index(),
+        local_count=len(local),
+    )
 
 
 def _torch_device(kind: str) -> KerasDevices:

@@ -1,0 +1,363 @@
+"""JAX on several hosts: the same ``chute train`` on every host, one process on each.
+
+The processes join through ``keras.distribution.initialize`` (which starts
+``jax.distributed``, :func:`join`): on a Cloud TPU slice JAX finds the
+coordinator, the number of processes and this one's index by itself; elsewhere
+they come from ``--coordinator HOST:PORT --num-processes N --process-id I`` (the
+``coordinator``, ``num_processes`` and ``process_id`` options) or from Keras's
+``KERAS_DISTRIBUTION_JOB_ADDRESSES``, ``KERAS_DISTRIBUTION_NUM_PROCESSES`` and
+``KERAS_DISTRIBUTION_PROCESS_ID``. One ``keras.distribution.DataParallel`` then
+spans every device of every process (:mod:`chute.fit.backend`), and:
+
+- each process reads its own part of each split with ``chute.load``, through
+  the same input context as a ``tf.distribute`` host (its own shards when there
+  are enough, else every N-th record), in batches of the per-device batch times
+  its own devices; Keras assembles the processes' batches into each global batch
+  (``jax.make_array_from_process_local_data``). Training runs the smallest part's
+  steps on every process; validation the largest part's, the others padded with
+  examples of weight 0, so every example counts once.
+- process 0, the chief, writes the run directory. The others keep what Keras's
+  callbacks need in a temporary folder of their own, filled before training with
+  the chief's backup and progress (:func:`prepare_run`): a resumed run resumes
+  from the chief's backup on every process, whatever each host's disk holds.
+- what the chief does alone runs with the distribution set aside
+  (:func:`alone`, :func:`chief_writes`): under it, making or assigning a Keras
+  variable is a collective every process must join (JAX checks that the value is
+  the same everywhere), and Keras makes one whenever it saves a model.
+
+Example:
+    >>> processes = join(config)  # doctest: +SKIP
+    >>> processes.count, processes.index, processes.chief  # doctest: +SKIP
+    (2, 1, False)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import io
+import logging
+import os
+import re
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from chute import checks
+from chute.errors import ChuteError
+from chute.fit import rundir
+from chute.fit import strategy as strategy_lib
+from chute.format import storage
+from chute.lazy import keras, tf
+
+if TYPE_CHECKING:
+    from chute.fit.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+# Keras's own variables for keras.distribution.initialize (read when an option is not given)
+ENVIRONMENT = (
+    "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+    "KERAS_DISTRIBUTION_NUM_PROCESSES",
+    "KERAS_DISTRIBUTION_PROCESS_ID",
+)
+OPTIONS = ("coordinator", "num_processes", "process_id")
+_ADDRESS = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>\d{1,5})$")
+_CHUNK = 64 << 20  # bytes sent from the chief per collective
+
+
+def check_coordinator(value: Any) -> str | None:
+    """None, or the coordinator's address as ``HOST:PORT`` (an IPv6 host in brackets).
+
+    Example:
+        >>> check_coordinator("10.0.0.2:1234")
+        '10.0.0.2:1234'
+    """
+    if value is None:
+        return None
+    match = _ADDRESS.match(value) if isinstance(value, str) else None
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise checks.bad_value(
+            "coordinator", value, "HOST:PORT, the address of process 0 (e.g. 10.0.0.2:1234)"
+        )
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """The processes of a run, one per host: how many, and this one's index (0: the chief)."""
+
+    count: int = 1
+    index: int = 0
+
+    @property
+    def chief(self) -> bool:
+        """Whether this process writes the run directory."""
+        return self.index == 0
+
+
+def join(config: TrainConfig) -> Processes:
+    """Joins this process to the others of a JAX run on several hosts, and says where it stands.
+
+    Joins (``keras.distribution.initialize``) when an option (``coordinator``,
+    ``num_processes``, ``process_id``) or one of Keras's variables (:data:`ENVIRONMENT`)
+    asks, unless JAX's processes are already joined (by the caller, in Python); then
+    reports JAX's own count and index. On another backend, touches nothing.
+
+    Raises:
+        ChuteError: the options on a backend other than JAX, or JAX could not join.
+    """
+    asked = {name: getattr(config, name) for name in OPTIONS if getattr(config, name) is not None}
+    if config.backend != "jax":
+        if asked:
+            given = ", ".join(f"{name}={value!r}" for name, value in asked.items())
+            raise ChuteError(
+                f"`coordinator`, `num_processes` and `process_id` join JAX processes "
+                f"(keras.distribution.initialize); the {config.backend} backend does not use "
+                f"them. Received: {given}, backend={config.backend!r}; use --backend jax, or "
+                "for TensorFlow's workers set TF_CONFIG (--strategy multiworker)"
+            )
+        return Processes()
+    import jax
+
+    named = [name for name in ENVIRONMENT if os.environ.get(name)]
+    if (asked or named) and not jax.distributed.is_initialized():
+        # The same seed everywhere first: Keras's initialize then skips agreeing on one.
+        keras.utils.set_random_seed(config.seed)
+        try:
+            keras.distribution.initialize(
+                config.coordinator, config.num_processes, config.process_id
+            )
+        except (ValueError, TypeError, RuntimeError) as error:
+            given = {**asked, **{name: os.environ[name] for name in named}}
+            raise ChuteError(
+                f"JAX's processes could not join ({str(error).strip()[:300]}). Received: "
+                + ", ".join(f"{name}={value!r}" for name, value in given.items())
+                + "; pass --coordinator HOST:PORT (process 0's address) --num-processes N "
+                "--process-id I on every host (on a Cloud TPU slice JAX finds them itself)"
+            ) from None
+    processes = Processes(jax.process_count(), jax.process_index())
+    if processes.count > 1:
+        log.info(
+            "JAX process %d of %d (%s), %d of %d devices here",
+            processes.index,
+            processes.count,
+            "the chief: it writes the run directory" if processes.chief else "not the chief",
+            jax.local_device_count(),
+            jax.device_count(),
+        )
+    return processes
+
+
+def prepare_run(
+    run_dir: str | os.PathLike, *, overwrite: bool, processes: Processes
+) -> rundir.RunDir:
+    """The run folder this process writes (see :func:`chute.fit.rundir.prepare`).
+
+    One process: the run folder (under ``MultiWorkerMirroredStrategy``, a worker's
+    own inside it). Several JAX processes: the chief's is the run folder; every
+    other process gets a temporary folder (removed at exit) holding a copy of the
+    chief's backup and progress, which its callbacks resume from.
+
+    Raises:
+        ChuteError: the chief refused the run folder (every process raises it).
+    """
+    if processes.count == 1:
+        worker = strategy_lib.worker_index()
+        return rundir.prepare(run_dir, overwrite=overwrite, worker_index=worker)
+    run, refused = None, None
+    if processes.chief:
+        try:
+            run = rundir.prepare(run_dir, overwrite=overwrite)
+        except Exception as error:  # the others hear of it (or would wait for the chief)
+            refused = error
+    # what the others need: the verdict, and the files a resumed run continues from
+    payload = _pack(run) if run is not None else str(refused).encode()
+    header = [int(run is not None), int(run is not None and run.resumed)]
+    (ok, resumed), payload = _from_chief(header, payload, processes)
+    if refused is not None:
+        raise refused
+    if not ok:
+        where = os.fspath(run_dir)
+        raise ChuteError(f"process 0 (the chief) cannot train in {where!r}: {payload.decode()}")
+    if run is not None:
+        if run.resumed:
+            log.info("resuming the run in %s from its backup, on every process", run.path)
+        return run
+    local = rundir.RunDir(
+        tempfile.mkdtemp(prefix=f"chute-process-{processes.index}-"), bool(resumed)
+    )
+    atexit.register(shutil.rmtree, local.path, True)
+    names = _unpack(payload, local.path)
+    if resumed:
+        log.info("process %d resumes from the chief's backup (%d file(s))", processes.index, names)
+    return local
+
+
+def _resume_files(run: rundir.RunDir) -> list[str]:
+    """Paths, relative to the run folder, of what a resumed run continues from: the
+    backup folder (every phase's) and each phase's progress."""
+    found = []
+    pending = ["backup"] if storage.exists(run.backup) else []
+    while pending:
+        relative = pending.pop()
+        for name in storage.listdir(run.join(relative)):
+            path = f"{relative}/{name}"
+            (pending if storage.isdir(run.join(path)) else found).append(path)
+    found += [n for n in storage.listdir(run.path) if n.startswith("progress-")]
+    return sorted(found)
+
+
+def _pack(run: rundir.RunDir) -> bytes:
+    """The files of :func:`_resume_files`, as an uncompressed zip."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for relative in _resume_files(run):
+            archive.writestr(relative, storage.read_bytes(run.join(*relative.split("/"))))
+    return buffer.getvalue()
+
+
+def _unpack(payload: bytes, folder: str) -> int:
+    """Writes the files :func:`_pack` packed into ``folder``; returns how many."""
+    with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+        names = archive.namelist()
+        for name in names:
+            path = os.path.join(folder, *name.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as handle:
+                handle.write(archive.read(name))
+    return len(names)
+
+
+def _from_chief(
+    header: Sequence[int], payload: bytes, processes: Processes
+) -> tuple[list[int], bytes]:
+    """The chief's ``header`` (small integers) and ``payload`` on every process: JAX
+    collectives over every device (a psum in which only the chief's part is not 0), in
+    pieces of at most 64 MiB; what the other processes pass is ignored."""
+    from jax.experimental import multihost_utils
+
+    head = np.asarray([*header, len(payload) // _CHUNK, len(payload) % _CHUNK], np.int32)
+    head = np.asarray(multihost_utils.broadcast_one_to_all(head))
+    size = int(head[-2]) * _CHUNK + int(head[-1])
+    if not processes.chief:
+        payload = bytes(size)
+    pieces = []
+    for start in range(0, size, _CHUNK):
+        piece = payload[start : start + _CHUNK]
+        words = np.frombuffer(piece.ljust(-(-len(piece) // 4) * 4, b"\0"), np.int32)
+        words = np.asarray(multihost_utils.broadcast_one_to_all(words))  # int32: no x64 needed
+        pieces.append(words.tobytes()[: len(piece)])
+    return [int(v) for v in head[:-2]], b"".join(pieces)
+
+
+def is_chief(strategy: Any) -> bool:
+    """Whether this process writes the run directory: the chief of JAX's processes, and
+    every process of another kind of run (a ``tf.distribute`` worker writes its own)."""
+    return getattr(strategy, "process_index", 0) == 0
+
+
+@contextlib.contextmanager
+def alone(strategy: Any) -> Iterator[None]:
+    """Keras's distribution set aside while one JAX process (the chief) works alone: the
+    models it loads or saves then live on its own devices, and no variable it makes waits
+    for the other processes. Nothing changes for a run of one process."""
+    if getattr(strategy, "processes", 1) == 1:
+        yield
+        return
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def restoring(strategy: Any, backups: Sequence[Any]) -> list:
+    """``backups`` (``keras.callbacks.BackupAndRestore``) as this process runs them.
+
+    One process: as they are. Several JAX processes: every process restores from its
+    backup when training begins (a collective: all assign the same values, the chief's,
+    see :func:`prepare_run`); only the chief writes the backups, alone (:func:`alone`).
+    """
+    if getattr(strategy, "processes", 1) == 1:
+        return list(backups)
+    chief = is_chief(strategy)
+    return [_on_chief(callback, strategy, restores=True, writes=chief) for callback in backups]
+
+
+def chief_only(strategy: Any, writers: Sequence[Any]) -> list:
+    """Callbacks that write the run folder (checkpoints, logs), as this process runs them:
+    as they are on one process; on several JAX processes, the chief's alone
+    (:func:`alone`), none on the others."""
+    if getattr(strategy, "processes", 1) == 1:
+        return list(writers)
+    if not is_chief(strategy):
+        return []
+    return [_on_chief(callback, strategy, restores=False, writes=True) for callback in writers]
+
+
+def _on_chief(callback: Any, strategy: Any, *, restores: bool, writes: bool) -> Any:
+    """``callback`` whose ``on_train_begin`` runs as it is (every process: what it
+    restores is a collective) when ``restores``, and its other hooks only when
+    ``writes``, under :func:`alone` (also its ``on_train_begin`` unless ``restores``)."""
+
+    class OnChief(keras.callbacks.Callback):
+        def set_model(self, model):
+            super().set_model(model)
+            callback.set_model(model)
+
+        def set_params(self, params):
+            super().set_params(params)
+            callback.set_params(params)
+
+    def forward(name: str, *, together: bool):
+        def hook(self, *args, **kwargs):
+            with contextlib.nullcontext() if together else alone(strategy):
+                return getattr(callback, name)(*args, **kwargs)
+
+        return hook
+
+    if restores or writes:
+        OnChief.on_train_begin = forward("on_train_begin", together=restores)
+    if writes:
+        for name in _HOOKS:
+            setattr(OnChief, name, forward(name, together=False))
+    return OnChief()
+
+
+_HOOKS = (
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_train_end",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+)
+
+
+def reading(strategy: Any, per_device: int) -> dict[str, Any]:
+    """``chute.load``'s options for this JAX process's part of a split: its input context
+    (one input pipeline per process, each feeding the share of the global batch that its
+    devices take: the reader's global batch is then the per-process batch times the
+    processes) and that batch, ``per_device`` times this process's devices.
+
+    Example:
+        >>> reading(devices, 16)  # doctest: +SKIP
+        {'batch_size': 32, 'input_context': <InputContext 1 of 2>}
+    """
+    count = strategy.processes
+    context = tf.distribute.InputContext(
+        num_input_pipelines=count,
+        input_pipeline_id=strategy.process_index,
+        num_replicas_in_sync=count,
+    )
+    return {"batch_size": per_device * strategy.devices_here, "input_context": context}
