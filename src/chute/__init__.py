@@ -12,10 +12,12 @@ read back by a fast tf.data pipeline and trained on under any
 - ``chute.ingest``: ``convert`` (sources, split, decode/encode workers, shard
   writer, resume);
 - ``chute.read``: ``load`` and its ``LoadOptions`` (plan, shard reader, batches,
-  augmentation, the pipeline) and the ``image_dataset_from_directory`` drop-in;
+  augmentation, the pipeline), the ``image_dataset_from_directory`` drop-in and
+  ``grain_source`` (records by number, for Grain);
 - ``chute.fit``: ``train`` (config, strategy, models, run directory, the
   multi-worker loop), ``evaluate``, ``predict``, ``export``;
-- ``chute.tools``: ``inspect``, ``verify``, reports, samples, the demo and ``bench``.
+- ``chute.tools``: ``inspect``, ``verify``, ``index`` (record indexes for a dataset
+  converted without them), reports, samples, the demo and ``bench``.
 
 (The convert and train stages are ``ingest`` and ``fit``: a subpackage named
 ``chute.convert`` would replace the ``chute.convert`` function on this module
@@ -63,13 +65,19 @@ _EXPORTS = {
     "Bundle": "chute.format.bundle",
     "load_bundle": "chute.format.bundle",
     "image_dataset_from_directory": "chute.read.dropin",
+    "index": "chute.tools.index",
+    "IndexReport": "chute.tools.index",
+    "grain_source": "chute.read.grain_source",
+    "GrainSource": "chute.read.grain_source",
 }
 __all__ = [
     "Bundle",
     "ChuteError",
     "ConvertOptions",
     "ConvertResult",
+    "GrainSource",
     "ImageSpec",
+    "IndexReport",
     "LoadOptions",
     "Manifest",
     "TrainConfig",
@@ -81,7 +89,9 @@ __all__ = [
     "convert",
     "evaluate",
     "export",
+    "grain_source",
     "image_dataset_from_directory",
+    "index",
     "inspect",
     "load",
     "load_bundle",
@@ -108,8 +118,10 @@ if TYPE_CHECKING:
     from chute.ingest.convert import ConvertResult, convert
     from chute.ingest.options import ConvertOptions
     from chute.read.dropin import image_dataset_from_directory
+    from chute.read.grain_source import GrainSource, grain_source
     from chute.read.load import load
     from chute.read.options import LoadOptions
+    from chute.tools.index import IndexReport, index
     from chute.tools.inspect import inspect
     from chute.tools.samples import make_sample_folder
     from chute.tools.verify import VerifyReport, verify

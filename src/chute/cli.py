@@ -5,6 +5,7 @@
         --color-mode grayscale --val-fraction 0.01
     chute inspect ./kn-shards --grid grid.png
     chute verify ./kn-shards
+    chute index ./old-shards                # record indexes for a dataset converted without
 
 TensorFlow is imported only by the commands that need it, so ``chute --help``
 is instant.
@@ -123,6 +124,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("path", metavar="OUT")
     verify.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+
+    index = commands.add_parser(
+        "index",
+        help="add record indexes (random access) to a dataset converted without them",
+        description="Read each shard that has no record index once (every record's CRCs "
+        "checked), write its index beside it and add it to the manifest; the shards stay "
+        "as they are. A dataset indexed already is left alone.",
+    )
+    index.add_argument("path", metavar="OUT")
+    index.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
     train = commands.add_parser("train", help="train a Keras model on converted shards")
     train.add_argument("data", metavar="DATA", help="a folder written by chute convert")
@@ -336,12 +347,38 @@ def _verify(args: argparse.Namespace) -> int:
             f"ok: {report.num_shards} shards, {report.num_records} records match the manifest "
             f"of {args.path}"
         )
+        if report.num_indexes < report.num_shards:
+            print(
+                f"  {report.num_shards - report.num_indexes} shard(s) have no record index "
+                f"(random access, Grain): `chute index {args.path}` adds them"
+            )
         return 0
     for shard, problem in report.problems:
         print(f"BAD {shard}: {problem}", file=sys.stderr)
     bad = len({shard for shard, _ in report.problems})
     print(f"verify failed: {bad} of {report.num_shards} shard(s) are bad", file=sys.stderr)
     return 1
+
+
+def _index(args: argparse.Namespace) -> int:
+    from chute.tools.index import index
+
+    bars = _Bars(_progress_enabled(args.progress))
+    try:
+        report = index(args.path, progress=bars)
+    finally:
+        bars.close()
+    if report.already_indexed:
+        print(
+            f"{args.path} already has the record indexes of its {report.num_shards} shard(s): "
+            "nothing to do."
+        )
+    else:
+        print(
+            f"indexed {len(report.written)} of {report.num_shards} shard(s) of {args.path}; "
+            "the manifest names their indexes"
+        )
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -371,6 +408,8 @@ def _train(args: argparse.Namespace) -> int:
         f"  {devices}, global batch {result.global_batch_size} = {config.batch_size} x "
         f"{result.replicas}, {result.precision}"
     )
+    if result.processes > 1:
+        print(f"  {result.processes} JAX processes; process 0, the chief, writes the run directory")
     if result.resumed:
         print("  resumed an interrupted run")
     print(f"  model bundle: {result.bundle}")
@@ -498,6 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "convert": _convert,
         "inspect": _inspect,
         "verify": _verify,
+        "index": _index,
         "train": _train,
         "evaluate": _evaluate,
         "predict": _predict,

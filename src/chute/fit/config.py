@@ -18,6 +18,7 @@ from typing import Any
 from chute import checks
 from chute.errors import ChuteError
 from chute.fit.backend import BACKENDS
+from chute.fit.processes import check_coordinator
 from chute.fit.strategy import KINDS, PRECISIONS
 from chute.image.size import parse_image_size
 from chute.read.options import LoadOptions
@@ -69,12 +70,24 @@ class TrainConfig:
         class_weights: ``None`` or ``"balanced"`` (inverse class frequency).
         steps_per_execution: steps per compiled call; default from the strategy.
         early_stopping: stop after this many epochs without validation gain.
+        backup_every: back up every N training steps as well as each epoch. With
+            ``engine="grain"`` a resumed run goes on from the very next batch;
+            with ``engine="tf"`` it trains the interrupted epoch again from its
+            first batch (tf.data cannot restore a shuffle's position).
         backend: the Keras backend, ``tensorflow``, ``jax`` or ``torch``; default:
             Keras's own (``KERAS_BACKEND``, else ``keras.json``). Fixed once Keras
             is imported: the CLI sets ``KERAS_BACKEND`` before that.
         strategy: ``auto``, ``tpu``, ``gpu``, ``cpu`` or ``multiworker`` (on JAX: every
-            local device of that kind; ``multiworker`` is TensorFlow's only).
+            device of that kind, of every process; ``multiworker`` is TensorFlow's only).
         tpu: a TPU name or address.
+        coordinator: JAX on several hosts (one process per host, joined by
+            ``keras.distribution.initialize``): process 0's ``HOST:PORT``. With
+            ``num_processes`` and ``process_id``; each defaults to Keras's
+            ``KERAS_DISTRIBUTION_*`` variable, and on a Cloud TPU slice JAX finds all
+            three itself (see :mod:`chute.fit.processes`).
+        num_processes: JAX on several hosts: how many processes (hosts) train.
+        process_id: JAX on several hosts: this process's index, from 0 (the chief,
+            which writes the run directory) to ``num_processes - 1``.
         precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
         augment: augmentation names for the training data (see ``chute.load``):
             ``crop`` and ``flip`` fused with decoding, the heavier ones where
@@ -126,12 +139,25 @@ class TrainConfig:
     early_stopping: int | None = option(
         None, "stop after this many epochs without gain", type=int, metavar="PATIENCE"
     )
+    backup_every: int | None = option(
+        None, "also back up every N steps (engine grain: a resume goes on from that step)",
+        type=int, metavar="N",
+    )  # fmt: skip
     backend: str | None = option(
         None, "Keras backend (default: KERAS_BACKEND, else keras.json)", type=str,
         choices=BACKENDS,
     )  # fmt: skip
     strategy: str = option("auto", "tf.distribute strategy (JAX: devices)", choices=KINDS)
     tpu: str | None = option(None, "TPU name or address", type=str, metavar="ADDRESS")
+    coordinator: str | None = option(
+        None, "JAX on several hosts: process 0's address", type=str, metavar="HOST:PORT"
+    )
+    num_processes: int | None = option(
+        None, "JAX on several hosts: processes, one per host", type=int
+    )
+    process_id: int | None = option(
+        None, "JAX on several hosts: this process's index (0: the chief)", type=int, metavar="I"
+    )
     precision: str = option("auto", "Keras mixed-precision policy", choices=PRECISIONS)
     augment: tuple[str, ...] = option(
         (),
@@ -176,6 +202,11 @@ class TrainConfig:
         if self.backend is not None:
             checks.one_of("backend", self.backend, BACKENDS)
         checks.one_of("strategy", self.strategy, KINDS)
+        check_coordinator(self.coordinator)
+        checks.optional_positive_int("num_processes", self.num_processes)
+        if self.process_id is not None:
+            last = None if self.num_processes is None else self.num_processes - 1
+            checks.int_in("process_id", self.process_id, 0, last)
         checks.one_of("precision", self.precision, PRECISIONS)
         checks.one_of("schedule", self.schedule, SCHEDULES)
         if self.class_weights not in CLASS_WEIGHTS:
@@ -188,6 +219,7 @@ class TrainConfig:
         )
         checks.optional_positive_int("steps_per_execution", self.steps_per_execution)
         checks.optional_positive_int("early_stopping", self.early_stopping)
+        checks.optional_positive_int("backup_every", self.backup_every)
         object.__setattr__(self, "augment", _names(self.augment))
         checks.one_of("augment_on", self.augment_on, AUGMENT_ON)
         object.__setattr__(self, "image_size", parse_image_size(self.image_size))

@@ -1,8 +1,9 @@
 """``chute train``: a Keras model trained on converted shards, on any backend and strategy.
 
 :func:`train` reads as the steps of a run: settle the Keras backend, check the
-options and the data, claim the run directory, pick the strategy (a
-``tf.distribute`` one on TensorFlow; on JAX every local device through
+options and the data, join the other hosts' processes on JAX (see
+:mod:`chute.fit.processes`), claim the run directory, pick the strategy (a
+``tf.distribute`` one on TensorFlow; on JAX every device through
 ``keras.distribution``, on torch one device, see :mod:`chute.fit.backend`) and
 precision, stream the data with ``chute.load``, build and compile the model
 inside the strategy's scope, fit (Keras's ``fit``, or chute's loop under
@@ -29,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from chute.errors import ChuteError
-from chute.fit import backbones, cnns, models, rundir, trainable
+from chute.fit import backbones, cnns, models, position, rundir, trainable
 from chute.fit import backend as backend_lib
+from chute.fit import processes as processes_lib
 from chute.fit import strategy as strategy_lib
 from chute.fit.config import TrainConfig
 from chute.fit.objective import categorical, make_loss, make_metrics, make_optimizer
@@ -63,6 +65,7 @@ class TrainResult:
     precision: str
     resumed: bool = False
     backend: str = "tensorflow"  # the Keras backend it trained on
+    processes: int = 1  # JAX processes (hosts) that trained together
 
 
 @dataclasses.dataclass
@@ -91,6 +94,7 @@ class _Phase:
     epochs: int
     learning_rate: float
     backup: str  # its own BackupAndRestore folder: a resumed run continues the phase
+    first_epoch: int = 0  # the run's epochs before it (the Grain engine's data epoch)
 
 
 def train(
@@ -127,7 +131,8 @@ def train(
     config = dataclasses.replace(config, backend=backend_lib.resolve(config.backend))
     models.check_model(config.model, config.weights)  # before anything heavy
     manifest = _training_data(data)
-    run = rundir.prepare(run_dir, overwrite=overwrite, worker_index=strategy_lib.worker_index())
+    processes = processes_lib.join(config)  # JAX on several hosts: one process each
+    run = processes_lib.prepare_run(run_dir, overwrite=overwrite, processes=processes)
     strategy = _strategy(config)
     precision = _precision(config, strategy)
     with _global_policy(precision), _distribution(strategy):
@@ -135,7 +140,13 @@ def train(
         inputs = _inputs(manifest, config, strategy)
         model = _built_model(config, manifest, strategy, inputs)
         history, seconds = _fit_phases(model, strategy, inputs, config, manifest, run, verbose)
-        bundle = _save_best(model, manifest, run, config, precision, strategy, inputs)
+        if not processes.chief:  # the chief writes the run directory, bundle and reports
+            chiefs = rundir.RunDir(os.fspath(run_dir), run.resumed)
+            return _result(
+                chiefs, None, inputs, history, seconds, strategy, precision, config.backend
+            )
+        with processes_lib.alone(strategy):  # the chief alone: not a collective
+            bundle = _save_best(model, manifest, run, config, precision, strategy, inputs)
     result = _result(run, bundle, inputs, history, seconds, strategy, precision, config.backend)
     _write_reports(run, result, config, history, manifest)
     if inputs.val is not None:
@@ -227,8 +238,9 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
     """The training and validation datasets, and the steps of an epoch (the reader's).
 
     One input pipeline yields the whole global batch, which Keras splits across
-    the replicas; or, under ``MultiWorkerMirroredStrategy`` and on TPU pod
-    slices, each host reads its own part (see :func:`_train_split`).
+    the replicas; or, under ``MultiWorkerMirroredStrategy``, on TPU pod slices
+    and as one of several JAX processes, each host reads its own part (see
+    :func:`_train_split`).
     """
     global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
     log.info(
@@ -291,10 +303,11 @@ def _train_split(
     """The training data, in one of three ways.
 
     Per host: each host reads its own shards at its replicas' batch
-    (``distribute_datasets_from_function``), repeated; an epoch is the smallest
-    host's share (the reader's steps). Through the tf.data service: repeated,
-    each repetition a job of an epoch's batches (a job cut short by a lost
-    worker ends sooner). Otherwise one pipeline of global batches, one epoch a pass.
+    (``distribute_datasets_from_function``; a JAX process at its devices'),
+    repeated; an epoch is the smallest host's share (the reader's steps).
+    Through the tf.data service: repeated, each repetition a job of an epoch's
+    batches (a job cut short by a lost worker ends sooner). Otherwise one
+    pipeline of global batches, one epoch a pass.
     """
     training = {
         "augment": list(config.augment),
@@ -307,13 +320,14 @@ def _train_split(
             manifest,
             "train",
             read,
-            batch_size=config.batch_size,
-            strategy=strategy,
+            **_per_host_reading(config, strategy),
             repeat=True,
             **training,
         )
     global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
-    repeat = config.data_service is not None
+    # The Grain engine's stream goes on from epoch to epoch (Keras keeps one iterator
+    # when it is told the steps), from where the position callback puts it.
+    repeat = config.data_service is not None or read.engine == "grain"
     return load(manifest, "train", read, batch_size=global_batch, repeat=repeat, **training)
 
 
@@ -335,14 +349,13 @@ def _val_split(
     """
     if manifest.num_examples("val") == 0:
         return None, None
-    evaluation = {"training": False, "crop_fraction": crop_fraction}
+    evaluation = {"training": False, "crop_fraction": crop_fraction, "sampling": None}
     if _per_host(strategy) and strategy.chute_kind != "multiworker":
         val = load(
             manifest,
             "val",
             read,
-            batch_size=config.batch_size,
-            strategy=strategy,
+            **_per_host_reading(config, strategy),
             pad_final_batch=True,
             repeat=True,
             **evaluation,
@@ -355,9 +368,21 @@ def _val_split(
 
 
 def _per_host(strategy: Any) -> bool:
-    """Whether every host reads its own input: under several workers or a TPU pod slice
-    (one pipeline feeding them all would read everything on each host)."""
+    """Whether every host reads its own input: under several workers, a TPU pod slice or
+    several JAX processes (one pipeline feeding them all would read everything on each host)."""
+    if getattr(strategy, "processes", 1) > 1:
+        return True
     return strategy.chute_kind == "multiworker" or strategy_lib.count_hosts(strategy) > 1
+
+
+def _per_host_reading(config: TrainConfig, strategy: Any) -> dict[str, Any]:
+    """How a host reads its part: through ``distribute_datasets_from_function`` at the
+    per-replica batch under ``tf.distribute``; as one of several JAX processes, through
+    its input context at its devices' share of the global batch (Keras assembles the
+    processes' batches into global ones)."""
+    if getattr(strategy, "processes", 1) > 1:
+        return processes_lib.reading(strategy, config.batch_size)
+    return {"batch_size": config.batch_size, "strategy": strategy}
 
 
 def _built_model(
@@ -384,13 +409,14 @@ def _built_model(
 def _phases(config: TrainConfig, run) -> list[_Phase]:
     """Head-only epochs then fine-tuning, or one phase; each with its own backup."""
     named = config.phases()
-    phases = []
+    phases: list[_Phase] = []
     for name, epochs in named:
         rate = config.learning_rate
         if name == "fine-tune":
             rate = config.fine_tune_learning_rate or config.learning_rate / 10
         backup = run.backup if len(named) == 1 else storage.join(run.backup, name)
-        phases.append(_Phase(name, epochs, rate, backup))
+        first = sum(phase.epochs for phase in phases)
+        phases.append(_Phase(name, epochs, rate, backup, first))
     return phases
 
 
@@ -421,9 +447,10 @@ def _fit_phases(model, strategy, inputs: _Inputs, config, manifest, run, verbose
         )
         _extend(history, phase_history)
         seconds += phase_seconds
-        if len(phases) > 1:
+        if len(phases) > 1 and processes_lib.is_chief(strategy):
             storage.makedirs(phase.backup)
-            model.save_weights(storage.join(phase.backup, "end.weights.h5"))
+            with processes_lib.alone(strategy):  # the chief alone: not a collective
+                model.save_weights(storage.join(phase.backup, "end.weights.h5"))
             body = {"history": phase_history}
             storage.write_atomic(done, json.dumps(body, default=float).encode())
     storage.remove_if_exists(run.backup)  # every phase is done
@@ -479,27 +506,46 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
         )
     timer = _EpochTimer()
     kept = trainable.progress(run, phase.name, inputs.monitor, config.early_stopping)
+    engine = info_of(inputs.train).options.engine
+    where = position.input_position(
+        inputs.train,
+        steps=inputs.steps,
+        first_epoch=phase.first_epoch,
+        engine=engine,
+        backup=phase.backup,
+    )
     callbacks = [
         *([_PaddedValLoss(inputs.val_padded)] if inputs.val_padded != 1 else []),
-        keras.callbacks.BackupAndRestore(phase.backup),  # first: the others see saved epochs
-        *trainable.checkpoints(model, run, inputs.monitor),
-        keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
-        keras.callbacks.TensorBoard(run.logs),
+        # first: the others see saved epochs (and the position, the restored step)
+        *processes_lib.restoring(
+            strategy, position.backups(phase.backup, config.backup_every, inputs.steps)
+        ),
+        where,
+        *processes_lib.chief_only(
+            strategy,
+            [
+                *trainable.checkpoints(model, run, inputs.monitor),
+                keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
+                keras.callbacks.TensorBoard(run.logs),
+            ],
+        ),
         kept,
         timer,
     ]
-    trainer.fit(
-        inputs.train,
-        validation_data=inputs.val,
-        epochs=phase.epochs,
-        steps_per_epoch=inputs.steps if inputs.repeated else None,
-        validation_steps=inputs.val_steps,
-        callbacks=callbacks,
-        class_weight=class_weight,
-        shuffle=False,  # the dataset shuffles itself (Keras would only warn)
-        verbose=verbose,
-    )
-    return kept.finish(), timer.seconds
+    while True:
+        trainer.fit(
+            inputs.train,
+            validation_data=inputs.val,
+            epochs=phase.epochs,
+            steps_per_epoch=inputs.steps if inputs.repeated else None,
+            validation_steps=inputs.val_steps,
+            callbacks=callbacks,
+            class_weight=class_weight,
+            shuffle=False,  # the dataset shuffles itself (Keras would only warn)
+            verbose=verbose,
+        )
+        if not where.cut:  # else a resumed epoch ended: the rest goes on from its backup
+            return kept.finish(), timer.seconds
 
 
 def _save_best(model, manifest, run, config: TrainConfig, precision: str, strategy, inputs):
@@ -529,7 +575,7 @@ def _result(
     per_epoch = float(np.median(seconds)) if seconds else 0.0
     return TrainResult(
         run_dir=run.path,
-        bundle=bundle.location,
+        bundle=bundle.location if bundle is not None else run.bundle,
         best_val_accuracy=float(best) if inputs.val is not None and best is not None else None,
         final={k: float(v[-1]) for k, v in history.items() if v},
         epochs_run=len(seconds),
@@ -541,6 +587,7 @@ def _result(
         precision=precision,
         resumed=run.resumed,
         backend=backend,
+        processes=getattr(strategy, "processes", 1),
     )
 
 

@@ -135,9 +135,12 @@ def window_pixels(
     window: Window,
     size: tuple[int, int],
     interpolation: str = "bilinear",
+    *,
+    exact: bool = True,
 ) -> np.ndarray:
     """The ``window`` of a stored image resized to ``size``: HxWxC uint8. A JPEG is
     decoded at the smallest DCT scale that still covers ``size`` with the window.
+    ``exact=False`` resamples uint8 directly (faster; within a level of the exact one).
 
     Example:
         >>> pixels = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
@@ -156,12 +159,15 @@ def window_pixels(
         top, left = top // reduce, left // reduce
         height, width = height // reduce, width // reduce
     pixels = pixels[top : top + height, left : left + width]
-    return resized(pixels, size, interpolation)
+    return resized(pixels, size, interpolation, exact=exact)
 
 
-def resized(pixels: np.ndarray, size: tuple[int, int], interpolation: str) -> np.ndarray:
+def resized(
+    pixels: np.ndarray, size: tuple[int, int], interpolation: str, *, exact: bool = True
+) -> np.ndarray:
     """HxWxC uint8 at ``size`` (the same array when it is already), resampled in float32
-    and rounded, as ``tf.image.resize`` then ``round``.
+    and rounded, as ``tf.image.resize`` then ``round`` (``exact=False``: in uint8, OpenCV's
+    fixed-point arithmetic, within a level of it and faster).
 
     Example:
         >>> resized(np.full((4, 4, 1), 7, np.uint8), (2, 2), "bilinear")[..., 0]
@@ -171,6 +177,9 @@ def resized(pixels: np.ndarray, size: tuple[int, int], interpolation: str) -> np
     if pixels.shape[:2] == tuple(size):
         return pixels
     channels = pixels.shape[2]
+    if not exact:
+        out = cv2.resize(pixels, (size[1], size[0]), interpolation=_FILTERS[interpolation])
+        return out.reshape(size[0], size[1], channels)
     out = cv2.resize(
         pixels.astype(np.float32),
         (size[1], size[0]),

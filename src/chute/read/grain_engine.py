@@ -6,14 +6,15 @@ Every batch is a pure function of its number. Training batch ``j`` of epoch
 permutation of every record of the split seeded by ``(seed, e)`` (or, with
 ``sampling``, a weighted draw with replacement of the same length), of which
 each input pipeline (a host, a JAX process) takes its own contiguous share of
-``steps * batch`` positions. Each image's crop and flip are drawn from a
-generator keyed by ``(seed, e, position)``. So an iterator's state is where it
-is (Grain's ``get_state()``: a few bytes), an epoch's order is a new global
+``steps * batch`` positions. A batch's crops and flips are drawn from a
+generator keyed by ``(seed, e, pipeline, j)``. So an iterator's state is where
+it is (Grain's ``get_state()``: a few bytes), an epoch's order is a new global
 permutation, and a run resumed at batch ``j`` reads exactly the batches it
 would have read.
 
-Reading and decoding happen in Grain's worker processes (``workers``; one per
-core by default): a positioned read of the record
+A batch is one Grain element, made whole in Grain's worker processes
+(``workers``; one per core by default; threads with ``workers=0``): for each
+record a positioned read
 (:class:`~chute.read.grain_source.GrainSource`), a JPEG decoded at the
 smallest DCT scale that covers the crop, OpenCV's resize
 (:mod:`chute.image.crop`). Heavy augmentations (rotation, MixUp, ...) run in
@@ -38,7 +39,6 @@ import logging
 import os
 from typing import Any
 
-import cv2
 import numpy as np
 
 from chute.errors import ChuteError
@@ -75,11 +75,14 @@ class Share:
     index: int = 0
 
 
-class Positions:
-    """The examples of a pipeline's stream by position: ``(image, label, weight)``.
+class Batches:
+    """A pipeline's batches by number, each made whole here: ``chute.load``'s batch.
 
-    Picklable (Grain sends it to its worker processes); the epoch's draw is made
-    once per process and epoch.
+    Training batch ``j`` is batch ``j % steps`` of epoch ``j // steps``; evaluation
+    has one epoch. A batch is the unit of work (one Grain element): its records are
+    read and prepared in one call, their random choices drawn from one generator
+    keyed by ``(seed, epoch, pipeline, batch)``. Picklable (Grain sends it to its
+    worker processes); an epoch's draw is made once per process and epoch.
     """
 
     def __init__(
@@ -97,16 +100,14 @@ class Positions:
         self.probabilities, self.steps, self.flip = probabilities, steps, flip
         self.per_epoch = steps * plan.batch_size
         self.records = None
-        if plan.training:
-            self.length = MAX_EPOCHS * self.per_epoch
-        else:
+        if not plan.training:
             shares = np.array_split(np.arange(len(source)), share.pipelines)
             self.records = shares[share.index]
-            self.length = self.per_epoch if plan.pad_final_batch else len(self.records)
+        self.finish = Finish(plan)
         self._drawn: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return self.length
+        return MAX_EPOCHS * self.steps if self.plan.training else self.steps
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_drawn": None}
@@ -124,35 +125,56 @@ class Positions:
             self._drawn = (epoch, order)
         return self._drawn[1]
 
-    def __getitem__(self, position: int):
+    def records_of(self, number: int) -> np.ndarray:
+        """The record numbers of batch ``number`` (evaluation: -1 for padding)."""
+        size = self.plan.batch_size
+        if self.plan.training:
+            epoch, batch = divmod(int(number), self.steps)
+            first = self.share.index * self.per_epoch + batch * size
+            return self.draw(epoch)[first : first + size]
+        mine = self.records[number * size : (number + 1) * size]
+        if self.plan.pad_final_batch and len(mine) < size:
+            mine = np.concatenate([mine, np.full(size - len(mine), -1, mine.dtype)])
+        return mine
+
+    def __getitem__(self, number: int):
         plan = self.plan
-        if not plan.training:
-            if position >= len(self.records):  # padding: weight 0
-                return np.zeros(plan.shape, np.uint8), 0, 0.0
-            values = self.source[int(self.records[position])]
-            return self._pixels(values, None), values["class"], 1.0
-        epoch, within = divmod(int(position), self.per_epoch)
-        spot = self.share.index * self.per_epoch + within
-        values = self.source[int(self.draw(epoch)[spot])]
-        rng = np.random.default_rng([self.seed, epoch, spot])
-        return self._pixels(values, rng), values["class"], 1.0
+        records = self.records_of(number)
+        rng = None
+        if plan.training:
+            epoch, batch = divmod(int(number), self.steps)
+            rng = np.random.default_rng([self.seed, epoch, self.share.index, batch])
+        images = np.zeros((len(records), *plan.shape), np.uint8)
+        labels = np.zeros(len(records), np.int64)
+        weights = (records >= 0).astype(np.float32)
+        for slot, record in enumerate(records):
+            if record < 0:  # padding: zeros, weight 0
+                continue
+            values = self.source[int(record)]
+            images[slot] = self._pixels(values, rng)
+            labels[slot] = values["class"]
+        return self.finish(images, labels, weights)
 
     def _pixels(self, values: dict, rng: np.random.Generator | None) -> np.ndarray:
-        """Evaluation (no ``rng``): the centre crop; training: the random-resized crop
-        (or the whole image) and the flip."""
+        """Evaluation (no ``rng``): the centre crop, exactly the tf.data engine's pixels;
+        training: the random-resized crop (or the whole image) and the flip."""
         plan = self.plan
         height, width = (int(n) for n in values["size"])
         shape, size = (height, width, int(values["channels"])), plan.shape[:2]
-        if rng is not None and plan.random_crop is not None:
-            window = crop.random_window(height, width, rng, *plan.random_crop)
+        if values["encoding"] == "raw" and shape == plan.shape and plan.random_crop is None:
+            image = np.frombuffer(values["image"], np.uint8).reshape(shape)  # as stored
         else:
-            fraction = plan.crop_fraction if rng is None else 1.0
-            window = crop.centre_window(height, width, size, fraction)
-        image = crop.window_pixels(
-            values["image"], values["encoding"], shape, window, size, plan.stored.interpolation
-        )
+            if rng is not None and plan.random_crop is not None:
+                window = crop.random_window(height, width, rng, *plan.random_crop)
+            else:
+                fraction = plan.crop_fraction if rng is None else 1.0
+                window = crop.centre_window(height, width, size, fraction)
+            image = crop.window_pixels(
+                values["image"], values["encoding"], shape, window, size,
+                plan.stored.interpolation, exact=rng is None,
+            )  # fmt: skip
         if rng is not None and self.flip and rng.random() < 0.5:
-            image = cv2.flip(image, 1).reshape(image.shape)  # a copy: a view stacks slowly
+            image = image[:, ::-1]  # copied into the batch
         return image
 
 
@@ -163,10 +185,8 @@ class Finish:
     def __init__(self, plan: ReadPlan):
         self.plan = plan
 
-    def __call__(self, batch):
-        images, labels, weights = batch
+    def __call__(self, images: np.ndarray, labels: np.ndarray, weights: np.ndarray):
         plan = self.plan
-        images = np.ascontiguousarray(images)
         if plan.dtype != "uint8":
             images = images.astype(np.float32) / np.float32(255)
             if plan.dtype == "bfloat16":
@@ -175,7 +195,6 @@ class Finish:
                 images = images.astype(ml_dtypes.bfloat16)
         if plan.label_mode is None:
             return images
-        labels = np.asarray(labels)
         if plan.label_mode == "int":
             labels = labels.astype(np.int32)
         elif plan.label_mode == "binary":
@@ -183,7 +202,7 @@ class Finish:
         else:
             labels = np.eye(plan.num_classes, dtype=np.float32)[labels]
         if plan.pad_final_batch:
-            return images, labels, np.asarray(weights, np.float32)
+            return images, labels, weights
         return images, labels
 
 
@@ -218,7 +237,7 @@ def make_dataset(
     if plan.training and sampling is not None:
         probabilities = _record_probabilities(manifest, split, sampling, source)
     steps = steps_of(plan, len(source), share)
-    positions = Positions(
+    batches = Batches(
         source, plan, seed=seed, share=share, probabilities=probabilities, steps=steps, flip=flip
     )
     workers = available_cores() if workers is None else workers
@@ -231,7 +250,7 @@ def make_dataset(
         plan.batch_size,
         workers,
     )
-    return _dataset_class()(positions, workers)
+    return _dataset_class()(batches, workers)
 
 
 def _record_probabilities(manifest, split: str, sampling, source: GrainSource) -> np.ndarray:
@@ -255,28 +274,20 @@ def _dataset_class():
         one, or the one :meth:`set_epoch` names, from the batch it names); ``len()``
         its batches. Its iterators have Grain's ``get_state()``/``set_state()``."""
 
-        def __init__(self, positions: Positions, workers: int):
+        def __init__(self, batches: Batches, workers: int):
             super().__init__([])
-            self.positions, self.plan, self.workers = positions, positions.plan, workers
+            self.batches, self.plan, self.workers = batches, batches.plan, workers
             self.epoch, self.start = 0, 0
 
         def __len__(self) -> int:
-            return self.positions.steps
+            return self.batches.steps
 
         def set_epoch(self, epoch: int, start: int = 0) -> None:
             """The next ``iter()`` reads epoch ``epoch`` (0-based) from its batch ``start``."""
             self.epoch, self.start = int(epoch), int(start)
 
-        def batches(self):
-            """Every batch, by number (training: of every epoch in turn): a ``grain.MapDataset``."""
-            return (
-                grain.MapDataset.source(self.positions)
-                .batch(self.plan.batch_size, drop_remainder=self.plan.training, batch_fn=_stacked)
-                .map(Finish(self.plan))
-            )
-
         def __iter__(self):
-            batches, steps = self.batches(), self.positions.steps
+            batches, steps = grain.MapDataset.source(self.batches), self.batches.steps
             if self.plan.training:
                 first = self.epoch * steps + self.start
                 last = None if self.plan.repeat else (self.epoch + 1) * steps
@@ -284,9 +295,9 @@ def _dataset_class():
                 self.epoch, self.start = self.epoch + 1, 0
             elif self.plan.repeat:
                 batches = batches.repeat()
-            threads = 0 if self.workers else 4
+            threads = 0 if self.workers else min(4, available_cores())
             dataset = batches.to_iter_dataset(
-                grain.ReadOptions(num_threads=threads, prefetch_buffer_size=threads)
+                grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(2, threads))
             )
             if self.workers:
                 options = grain.MultiprocessingOptions(num_workers=self.workers)
@@ -294,8 +305,3 @@ def _dataset_class():
             return iter(dataset)
 
     return ChuteGrainDataset
-
-
-def _stacked(examples):
-    images, labels, weights = zip(*examples, strict=True)
-    return np.stack(images), np.asarray(labels), np.asarray(weights, np.float32)

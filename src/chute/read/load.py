@@ -259,9 +259,9 @@ def _grain(manifest, split: str, options: LoadOptions, input_context, strategy):
     )  # fmt: skip
     dataset.chute = LoadInfo(
         class_names=tuple(manifest.class_names),
-        num_examples=len(dataset.positions.records)
-        if dataset.positions.records is not None
-        else dataset.positions.per_epoch,
+        num_examples=len(dataset.batches.records)
+        if dataset.batches.records is not None
+        else dataset.batches.per_epoch,
         steps=len(dataset),
         per_replica_batch_size=options.batch_size,
         global_batch_size=plan.batch_size * share.pipelines,
