@@ -209,3 +209,56 @@ def test_a_run_killed_mid_epoch_resumes_on_the_next_batch(shards, tmp_path, back
     history = json.loads((tmp_path / "cut" / "history.json").read_text())
     assert len(history["loss"]) == 2
     assert json.loads((tmp_path / "cut" / "summary.json").read_text())["backend"] == backend
+
+
+def _position(engine: str, iterations: int, steps: int = 6):
+    import types
+
+    from chute.fit import position
+
+    calls = []
+    dataset = types.SimpleNamespace(set_epoch=lambda epoch, start: calls.append((epoch, start)))
+    callback = position.input_position(dataset, steps=steps, first_epoch=2, engine=engine)
+    model = types.SimpleNamespace(
+        optimizer=types.SimpleNamespace(iterations=iterations), stop_training=False
+    )
+    callback.set_model(model)
+    return callback, model, calls
+
+
+def test_the_position_goes_on_from_the_restored_step_and_ends_that_epoch_early():
+    callback, model, calls = _position("grain", iterations=10)  # epoch 1, 4 of 6 batches done
+    callback.on_train_begin()
+    callback.on_epoch_begin(1)
+    assert calls == [(3, 4)]  # data epoch 2 + 1, from batch 4
+    callback.on_train_batch_end(0)
+    assert not callback.cut and not model.stop_training
+    callback.on_train_batch_end(1)  # the epoch's 2 remaining batches are trained
+    assert callback.cut and model.stop_training
+    callback.on_train_begin()  # the next fit: from that epoch's end
+    model.optimizer.iterations, model.stop_training = 12, False
+    callback.on_epoch_begin(2)
+    callback.on_train_batch_end(5)
+    assert calls[-1] == (4, 0) and not callback.cut and not model.stop_training
+
+
+def test_the_tf_engine_says_an_interrupted_epoch_starts_again(caplog):
+    callback, _, calls = _position("tf", iterations=10)
+    with caplog.at_level("INFO", logger="chute.fit.position"):
+        callback.on_train_begin()
+        callback.on_epoch_begin(1)
+    assert "reads the epoch again from its first batch" in caplog.text
+    assert calls == [] and not callback.cut
+
+
+def test_cli_train_flags_of_the_grain_engine_are_checked(shards, tmp_path):
+    from helpers import run_here
+
+    done = run_here("train", shards, "--run-dir", tmp_path / "r", "--backup-every", "0")
+    assert done.returncode == 2 and "`backup_every`" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = run_here("train", shards, "--run-dir", tmp_path / "r", "--engine", "mxnet")
+    assert done.returncode == 2
+    done = run_here("train", shards, "--run-dir", tmp_path / "r", "--sampling", "x=-1")
+    assert done.returncode == 2 and "`sampling`" in done.stderr
+    assert not (tmp_path / "r").exists()
