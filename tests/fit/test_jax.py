@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import once_per_run, run_here, write_image
+from helpers import once_per_run, run_here, write_banded
 
 import chute
 from chute import ChuteError, TrainConfig
@@ -80,12 +80,7 @@ def learnable(tmp_path_factory) -> Path:
     child's predictions are keyed by these images' paths."""
 
     def build(root: Path) -> None:
-        rng = np.random.default_rng(0)
-        for label, name in enumerate("abc"):
-            for index in range(24):
-                pixels = rng.integers(0, 80, (16, 16), dtype=np.uint8)
-                pixels[5 * label : 5 * label + 6, 2:14] = 255 - rng.integers(0, 60, (6, 12))
-                write_image(root / "src" / name / f"{index:03d}.png", pixels)
+        write_banded(root / "src")
         chute.convert(root / "src", root / "shards", image_size=16, val_fraction=0.25, workers=1)
 
     shards = once_per_run(tmp_path_factory, "jax-learnable", build) / "shards"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import once_per_run, run_here, write_image
+from helpers import once_per_run, run_here, write_banded
 
 import chute
 from chute import ChuteError, TrainConfig
@@ -73,12 +73,7 @@ def learnable(tmp_path_factory) -> Path:
     band whose row says the class), converted to 3 shards per split: train 18 + 18 + 18, so
     process 0 reads 2 shards (36 images) and process 1 one (18); val 6 + 6 + 6."""
     root = tmp_path_factory.mktemp("learnable-hosts")
-    rng = np.random.default_rng(0)
-    for label, name in enumerate("abc"):
-        for index in range(24):
-            pixels = rng.integers(0, 80, (16, 16), dtype=np.uint8)
-            pixels[5 * label : 5 * label + 6, 2:14] = 255 - rng.integers(0, 60, (6, 12))
-            write_image(root / "src" / name / f"{index:03d}.png", pixels)
+    write_banded(root / "src")
     chute.convert(
         root / "src", root / "shards", image_size=16, val_fraction=0.25, workers=1, min_shards=3
     )

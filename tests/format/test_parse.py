@@ -5,23 +5,10 @@ from __future__ import annotations
 import struct
 
 import pytest
-import tensorflow as tf
+from helpers import tf_example
 
 from chute.errors import ChuteError
 from chute.format import parse, records
-
-
-def _tf_example(features: dict) -> bytes:
-    def feature(values):
-        if isinstance(values[0], bytes):
-            return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
-        if isinstance(values[0], float):
-            return tf.train.Feature(float_list=tf.train.FloatList(value=values))
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
-
-    return tf.train.Example(
-        features=tf.train.Features(feature={k: feature(v) for k, v in features.items()})
-    ).SerializeToString(deterministic=True)
 
 
 @pytest.mark.parametrize(
@@ -33,7 +20,7 @@ def _tf_example(features: dict) -> bytes:
     ],
 )
 def test_plain_python_decoding_reads_what_tensorflow_writes(features):
-    decoded = parse.decode_example(_tf_example(features))
+    decoded = parse.decode_example(tf_example(features))
     assert decoded == {name: list(values) for name, values in features.items()}
 
 

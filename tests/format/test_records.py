@@ -4,19 +4,9 @@ from __future__ import annotations
 
 import pytest
 import tensorflow as tf
+from helpers import tf_example
 
 from chute.format import records
-
-
-def _tf_example(features: dict) -> bytes:
-    def feature(values):
-        if isinstance(values[0], bytes):
-            return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
-
-    return tf.train.Example(
-        features=tf.train.Features(feature={k: feature(v) for k, v in features.items()})
-    ).SerializeToString(deterministic=True)
 
 
 @pytest.mark.parametrize(
@@ -29,7 +19,7 @@ def _tf_example(features: dict) -> bytes:
     ],
 )
 def test_example_bytes_equal_tensorflow_protobuf(features):
-    assert records.encode_example(features) == _tf_example(features)
+    assert records.encode_example(features) == tf_example(features)
 
 
 @pytest.mark.parametrize("label", [0, 127, 128, 5000])

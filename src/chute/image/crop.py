@@ -34,15 +34,10 @@ import math
 import cv2
 import numpy as np
 
+from chute.image.resize import FILTERS
+
 cv2.setNumThreads(1)  # parallelism comes from worker processes
 
-_FILTERS = {
-    "nearest": cv2.INTER_NEAREST_EXACT,
-    "bilinear": cv2.INTER_LINEAR,
-    "bicubic": cv2.INTER_CUBIC,
-    "area": cv2.INTER_AREA,
-    "lanczos": cv2.INTER_LANCZOS4,
-}
 _REDUCED = {
     (1, 2): cv2.IMREAD_REDUCED_GRAYSCALE_2,
     (1, 4): cv2.IMREAD_REDUCED_GRAYSCALE_4,
@@ -178,12 +173,12 @@ def resized(
         return pixels
     channels = pixels.shape[2]
     if not exact:
-        out = cv2.resize(pixels, (size[1], size[0]), interpolation=_FILTERS[interpolation])
+        out = cv2.resize(pixels, (size[1], size[0]), interpolation=FILTERS[interpolation])
         return out.reshape(size[0], size[1], channels)
     out = cv2.resize(
         pixels.astype(np.float32),
         (size[1], size[0]),
-        interpolation=_FILTERS[interpolation],
+        interpolation=FILTERS[interpolation],
     )
     out = np.clip(np.round(out), 0, 255).astype(np.uint8)
     return out.reshape(size[0], size[1], channels)

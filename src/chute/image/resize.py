@@ -16,7 +16,8 @@ import numpy as np
 from chute.format.spec import ImageSpec
 
 cv2.setNumThreads(1)  # parallelism comes from worker processes
-_FILTERS = {
+# chute's interpolation names -> OpenCV's (what tf.image.resize computes, for the first three)
+FILTERS = {
     "nearest": cv2.INTER_NEAREST_EXACT,
     "bilinear": cv2.INTER_LINEAR,
     "bicubic": cv2.INTER_CUBIC,
@@ -62,7 +63,7 @@ def resize(
     if pixels.shape[:2] == (height, width):
         return pixels
     return cv2.resize(
-        np.ascontiguousarray(pixels), (width, height), interpolation=_FILTERS[interpolation]
+        np.ascontiguousarray(pixels), (width, height), interpolation=FILTERS[interpolation]
     )
 
 
