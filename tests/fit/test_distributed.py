@@ -214,12 +214,6 @@ os._exit(0)
 """
 
 
-# The tests of a run made once (helpers.once_per_run) go to one pytest-xdist worker: on
-# another, they would wait for the run's lock with nothing to do.
-MIRRORED = pytest.mark.xdist_group("mirrored")
-RESUMED = pytest.mark.xdist_group("multiworker-resumed")
-
-
 @pytest.fixture(scope="module")
 def mirrored(data, tmp_path_factory) -> tuple[dict, Path]:
     """Runs the MirroredStrategy script's two processes once for the whole test run (its
@@ -267,7 +261,6 @@ def _weights(path: Path) -> list[np.ndarray]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@MIRRORED
 def test_mirrored_over_two_logical_cpus_matches_one_device(mirrored):
     results, out = mirrored
     two, one = results["mirrored"], results["single"]
@@ -299,7 +292,6 @@ def test_mirrored_over_two_logical_cpus_matches_one_device(mirrored):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@MIRRORED
 def test_mirrored_over_two_logical_cpus_trains_with_chute_defaults(mirrored):
     """The real model with every option left to chute (steps_per_execution among them)."""
     results, out = mirrored
@@ -692,7 +684,6 @@ def _check_resumed(outcome: dict, agreed: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@RESUMED
 def test_multiworker_resume_agrees_when_a_worker_died_before_its_backup(resumed):
     """Worker 1 killed after the chief backed up epoch 2 and before it did: both resume
     from epoch 1 (the chief goes back one), rather than the chief from 2 and worker 1 from 1."""
@@ -711,7 +702,6 @@ def test_multiworker_resume_agrees_when_a_worker_died_before_its_backup(resumed)
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@RESUMED
 def test_multiworker_run_resumes_after_a_worker_is_killed_mid_epoch(resumed):
     """Worker 1 SIGKILLed halfway through an epoch, between backups: the same command
     resumes both workers from the last epoch they backed up and finishes the run."""
@@ -725,7 +715,6 @@ def test_multiworker_run_resumes_after_a_worker_is_killed_mid_epoch(resumed):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@RESUMED
 def test_multiworker_two_local_processes_end_with_the_same_weights(resumed):
     """The two workers of that run end with the same weights (every array, BatchNorm's moving
     statistics included), and the chief writes the run folder."""

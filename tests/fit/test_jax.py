@@ -29,9 +29,9 @@ from chute.fit import backend as backend_lib
 from chute.fit import train as training
 from chute.fit import trainable
 
-# The JAX stages share one child (XLA compiles, four trainings): minutes on 2 busy cores. Its
-# tests go to one pytest-xdist worker (on another they would wait for it with nothing to do).
-pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("jax-runs")]
+# The JAX stages share one child (XLA compiles, four trainings): minutes on 2 busy cores. The
+# module's tests run on one pytest-xdist worker (--dist loadfile).
+pytestmark = pytest.mark.timeout(900)
 
 TESTS = Path(__file__).resolve().parents[1]
 DEVICES = 4

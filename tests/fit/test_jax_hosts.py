@@ -34,7 +34,7 @@ from chute.fit.rundir import RunDir
 
 # The two processes compile and train for a minute or two on 2 busy cores: one pytest-xdist
 # worker runs this module's tests (another would wait for the run with nothing to do).
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("jax-hosts")]
+pytestmark = pytest.mark.timeout(600)
 
 TESTS = Path(__file__).resolve().parents[1]
 PROCESSES, DEVICES, PER_DEVICE = 2, 2, 2  # global batch 2 x 4 = 8, 4 per process

@@ -112,12 +112,8 @@ def _check_epoch(examples, expected) -> None:
     assert got == expected, (len(got), len(expected))  # at most once, and none lost
 
 
-# One dispatcher (three processes) per pytest worker that runs these tests: under
-# `--dist loadgroup` they all run on one worker.
-SERVICE = pytest.mark.xdist_group("data-service")
-
-
-@SERVICE
+# One dispatcher (three processes) for the module: under `--dist loadfile` its tests run on
+# one worker.
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_each_epoch_holds_every_example_at_most_once_in_a_new_order(dispatcher, data):
@@ -131,7 +127,6 @@ def test_each_epoch_holds_every_example_at_most_once_in_a_new_order(dispatcher, 
     assert ds.element_spec[0].shape.as_list() == [BATCH, 6, 6, 1]
 
 
-@SERVICE
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_strategy_reads_through_the_service_with_distribute_datasets_from_function(
@@ -146,7 +141,6 @@ def test_a_strategy_reads_through_the_service_with_distribute_datasets_from_func
     _check_epoch(_examples(distributed), _source(src))
 
 
-@SERVICE
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_evaluation_reads_locally_every_example_once_in_order(dispatcher, data):
@@ -166,7 +160,6 @@ def _levels(root: Path) -> Path:
     return root
 
 
-@SERVICE
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_train_through_the_service_learns_as_well_as_reading_locally(dispatcher, tmp_path):

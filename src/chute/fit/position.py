@@ -117,7 +117,7 @@ def input_position(
             start = 0
             if self._first:
                 self._first = False
-                done = int(self.model.optimizer.iterations) - epoch * steps
+                done = step_of(self.model) - epoch * steps
                 if 0 < done < steps:
                     start = self._log_resume(epoch, done)
             if engine == "grain":
@@ -147,14 +147,23 @@ def input_position(
     return Position()
 
 
+def step_of(model) -> int:
+    """The optimizer's step count (a mirrored variable under tf.distribute too)."""
+    return int(_numpy(model.optimizer.iterations))
+
+
+def _numpy(variable) -> np.ndarray:
+    return np.asarray(keras.ops.convert_to_numpy(variable))
+
+
 def _seed_variables(model) -> list:
     return [v for v in model.variables if "seed_generator_state" in v.path]
 
 
 def save_seeds(model, folder: str) -> None:
     """The random layers' seed states and the step they belong to, into ``folder``."""
-    states = {v.path: np.asarray(v.value).tolist() for v in _seed_variables(model)}
-    body = {"step": int(model.optimizer.iterations), "states": states}
+    states = {v.path: _numpy(v).tolist() for v in _seed_variables(model)}
+    body = {"step": step_of(model), "states": states}
     storage.makedirs(folder)
     storage.write_atomic(storage.join(folder, SEEDS), json.dumps(body).encode())
 
@@ -166,7 +175,7 @@ def _restore_seeds(model, folder: str) -> None:
     if not storage.exists(path):
         return
     saved = json.loads(storage.read_bytes(path))
-    step = int(model.optimizer.iterations)
+    step = step_of(model)
     if step == 0:
         return
     if saved["step"] != step:
