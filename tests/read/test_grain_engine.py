@@ -262,3 +262,21 @@ def test_cli_train_flags_of_the_grain_engine_are_checked(shards, tmp_path):
     done = run_here("train", shards, "--run-dir", tmp_path / "r", "--sampling", "x=-1")
     assert done.returncode == 2 and "`sampling`" in done.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_training_validates_with_threads_on_the_grain_engine(shards, monkeypatch):
+    """Keras iterates validation anew each epoch: worker processes would start each time."""
+    import types
+
+    from chute import LoadOptions, TrainConfig
+    from chute.fit import train as training
+
+    asked = []
+    monkeypatch.setattr(training, "load", lambda *args, **kwargs: asked.append(kwargs))
+    monkeypatch.setattr(training, "_per_host", lambda strategy: False)
+    strategy = types.SimpleNamespace(chute_kind="cpu", num_replicas_in_sync=1)
+    manifest = chute.load_manifest(str(shards))
+    for workers, expected in ((None, 0), (2, None)):
+        read = LoadOptions(engine="grain", workers=workers)
+        training._val_split(manifest, TrainConfig(), strategy, read, 1.0)
+        assert asked[-1].get("workers") == expected and asked[-1]["training"] is False

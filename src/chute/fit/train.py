@@ -350,6 +350,10 @@ def _val_split(
     if manifest.num_examples("val") == 0:
         return None, None
     evaluation = {"training": False, "crop_fraction": crop_fraction, "sampling": None}
+    if read.engine == "grain" and read.workers is None:
+        # Keras iterates validation anew each epoch: Grain would start its worker
+        # processes each time (seconds); threads read as fast (benchmarks/README.md)
+        evaluation["workers"] = 0
     if _per_host(strategy) and strategy.chute_kind != "multiworker":
         val = load(
             manifest,
