@@ -368,7 +368,13 @@ def _val_split(
     global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
     if isinstance(strategy, backend_lib.KerasDevices) and strategy.num_replicas_in_sync > 1:
         evaluation["pad_final_batch"] = True
-    return load(manifest, "val", read, batch_size=global_batch, **evaluation), None
+    if read.engine != "grain":
+        return load(manifest, "val", read, batch_size=global_batch, **evaluation), None
+    # Keras cannot ask a Grain dataset its length: told none, it reads to the end and
+    # warns that the "input ran out of data". Told the steps, it reads them from each
+    # evaluation's own iterator of the repeated split.
+    val = load(manifest, "val", read, batch_size=global_batch, repeat=True, **evaluation)
+    return val, info_of(val).steps
 
 
 def _per_host(strategy: Any) -> bool:
