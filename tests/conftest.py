@@ -5,6 +5,7 @@ Helpers the tests call directly live in the plain module ``helpers``.
 
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import tempfile
@@ -18,6 +19,20 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # Keras reads KERAS_HOME once, when it is imported: tests get a cache folder of their own
 # (seeded by the tests that need weights in it), never the user's ~/.keras.
 os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="chute-test-keras-")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Modules with the most slow tests first, each module's tests in their order.
+
+    pytest-xdist hands out whole modules (``--dist loadfile``) in this order
+    (``--no-loadscope-reorder``): the long multi-process runs start at once, on different
+    workers, rather than one of them ending the run on one worker while the other idles.
+    """
+    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+    first: dict = {}
+    for index, item in enumerate(items):
+        first.setdefault(item.path, index)
+    items.sort(key=lambda item: (-slow[item.path], first[item.path]))
 
 
 @pytest.fixture

@@ -85,6 +85,22 @@ def make_folder(
     return root
 
 
+def jax_child_env(cache: Path, devices: int | None = None) -> dict[str, str]:
+    """Environment variables for a JAX child process of the tests: ``devices`` CPU devices,
+    and compiling fast. The children train tiny models for a few steps, so XLA's compiling
+    is most of their time: LLVM's optimisations are off (about half the compile time;
+    programs run slower, which these steps do not notice), and a program compiled once is
+    kept in ``cache`` for a later run of the same one (a resumed run, another process)."""
+    flags = ["--xla_backend_optimization_level=0"]
+    if devices is not None:
+        flags.insert(0, f"--xla_force_host_platform_device_count={devices}")
+    return {
+        "XLA_FLAGS": " ".join(flags),
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
+
+
 FAST_TRAINING = dict(model="kannada-cnn", epochs=2, batch_size=8, strategy="cpu", verbose=0)
 """``chute.train``'s options for the smallest real run (the session's ``trained_run``)."""
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import once_per_run, run_here, write_banded
+from helpers import jax_child_env, once_per_run, run_here, write_banded
 
 import chute
 from chute import ChuteError, TrainConfig
@@ -100,10 +100,8 @@ def _env(root: Path, attempt: str, **extra: str) -> dict[str, str]:
     tmp = root / f"tmp-{attempt}"
     tmp.mkdir(exist_ok=True)
     env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+        **jax_child_env(root / "jax-cache", DEVICES),
         JAX_PLATFORMS="cpu",
-        JAX_COMPILATION_CACHE_DIR=str(root / "jax-cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         CUDA_VISIBLE_DEVICES="",
         TF_CPP_MIN_LOG_LEVEL="2",
         PYTHONUNBUFFERED="1",

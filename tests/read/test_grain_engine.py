@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import once_per_run, write_image
+from helpers import jax_child_env, once_per_run, write_image
 
 import chute
 from chute import ChuteError
@@ -200,9 +200,7 @@ def test_a_run_killed_mid_epoch_resumes_on_the_next_batch(shards, tmp_path, back
     script = tmp_path / "resume.py"
     script.write_text(RESUME)
     env = {**os.environ, "KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""}
-    # the three runs compile the same programs: XLA compiles them once (JAX)
-    env.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
+    env.update(jax_child_env(tmp_path / "jax-cache"))  # the three runs compile the same programs
     args = [sys.executable, str(script), str(shards), str(tmp_path), str(TESTS)]
     done = subprocess.run(args, timeout=500, capture_output=True, env=env, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -275,12 +273,16 @@ def test_training_validates_with_threads_on_the_grain_engine(shards, monkeypatch
     from chute import LoadOptions, TrainConfig
     from chute.fit import train as training
 
-    asked = []
-    monkeypatch.setattr(training, "load", lambda *args, **kwargs: asked.append(kwargs))
+    asked, real_load = [], training.load
+    monkeypatch.setattr(
+        training, "load", lambda *args, **kwargs: asked.append(kwargs) or real_load(*args, **kwargs)
+    )
     monkeypatch.setattr(training, "_per_host", lambda strategy: False)
     strategy = types.SimpleNamespace(chute_kind="cpu", num_replicas_in_sync=1)
     manifest = chute.load_manifest(str(shards))
     for workers, expected in ((None, 0), (2, None)):
         read = LoadOptions(engine="grain", workers=workers)
-        training._val_split(manifest, TrainConfig(), strategy, read, 1.0)
+        val, steps = training._val_split(manifest, TrainConfig(), strategy, read, 1.0)
         assert asked[-1].get("workers") == expected and asked[-1]["training"] is False
+        # Keras is told the steps (else it reads to the end, and warns it ran out of data)
+        assert steps == len(val) == -(-30 // 32) and asked[-1]["repeat"] is True
