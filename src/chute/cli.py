@@ -141,7 +141,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--config", metavar="FILE.toml", help="options from a TOML file; flags win")
     _add_options(train, TrainConfig)
     _add_options(train, LoadOptions, LOAD_TABLE)  # how the data are read: the [load] table
-    train.add_argument("--overwrite", action="store_true", help="train again in a finished run_dir")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a run_dir holding a finished or an interrupted run of other options",
+    )
 
     evaluate = commands.add_parser("evaluate", help="loss, accuracy, top-5, per-class, confusion")
     evaluate.add_argument("model", metavar="RUN_OR_MODEL")

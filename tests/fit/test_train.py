@@ -9,7 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import FAST_TRAINING, Killed, dying_epoch_timer, once_per_run, run_here
+from helpers import (
+    FAST_TRAINING,
+    Killed,
+    dying_epoch_timer,
+    make_folder,
+    once_per_run,
+    run_here,
+)
 
 import chute
 from chute import ChuteError, TrainConfig
@@ -77,6 +84,51 @@ def test_overwrite_starts_the_run_afresh(trained, data, tmp_path):
     chute.train(data, run, overwrite=True, **{**FAST, "epochs": 1})
     rows = (run / "history.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + 1  # the old run's history is gone, not appended to
+
+
+def test_an_interrupted_run_resumes_only_with_the_options_it_started_with(data, tmp_path):
+    """Killed on one dataset, then run on another (other classes): refused, naming what
+    differs and the ways out, the backup kept; with ``overwrite`` it starts afresh."""
+    run = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(training, "_EpochTimer", dying_epoch_timer(training, lambda e: e == 0))
+        with pytest.raises(Killed):
+            chute.train(data, run, **{**FAST, "epochs": 2})
+    assert (run / "backup").is_dir()
+    other = tmp_path / "other"
+    src = make_folder(tmp_path / "src", {"x": 8, "y": 8}, size=(16, 16))
+    chute.convert(src, other, image_size=16, val_fraction=0.25, workers=1)
+
+    with pytest.raises(ChuteError) as refused:
+        chute.train(other, run, **{**FAST, "epochs": 1})
+    message = str(refused.value)
+    assert "`run_dir`" in message and str(run) in message and "interrupted run" in message
+    assert "class_names: ['a', 'b', 'c'] then, ['x', 'y'] now" in message
+    assert "overwrite=True (--overwrite)" in message and "command it was started with" in message
+    assert (run / "backup").is_dir()  # nothing touched
+    done = run_here("train", other, "--run-dir", run, "--epochs", "1")
+    assert done.returncode == 2 and "interrupted run" in done.stderr
+    assert "Traceback" not in done.stderr
+
+    result = chute.train(other, run, overwrite=True, **{**FAST, "epochs": 1})
+    assert not result.resumed and result.epochs_run == 1
+    assert chute.load_bundle(run).class_names == ["x", "y"]
+    assert not (run / "backup").exists()
+
+
+def test_a_run_from_before_started_json_resumes_as_it_did(tmp_path):
+    from chute.fit import rundir
+
+    started = {"model": "kannada-cnn", "class_names": ["a", "b"]}
+    (tmp_path / "run" / "backup").mkdir(parents=True)  # interrupted, nothing recorded
+    assert rundir.prepare(tmp_path / "run", overwrite=False, started=started).resumed
+    assert not (tmp_path / "run" / "started.json").exists()  # kept as it was
+    fresh = rundir.prepare(tmp_path / "new", overwrite=False, started=started)
+    assert not fresh.resumed
+    assert json.loads((tmp_path / "new" / "started.json").read_text()) == started
+    (tmp_path / "new" / "backup").mkdir()
+    same = rundir.prepare(tmp_path / "new", overwrite=True, started=started)
+    assert same.resumed and (tmp_path / "new" / "backup").is_dir()  # same options: resumed
 
 
 def _sha256(path: Path) -> str:

@@ -155,7 +155,11 @@ def join(config: TrainConfig) -> Processes:
 
 
 def prepare_run(
-    run_dir: str | os.PathLike, *, overwrite: bool, processes: Processes
+    run_dir: str | os.PathLike,
+    *,
+    overwrite: bool,
+    processes: Processes,
+    started: dict[str, Any] | None = None,
 ) -> rundir.RunDir:
     """The run folder this process writes (see :func:`chute.fit.rundir.prepare`).
 
@@ -169,11 +173,11 @@ def prepare_run(
     """
     if processes.count == 1:
         worker = strategy_lib.worker_index()
-        return rundir.prepare(run_dir, overwrite=overwrite, worker_index=worker)
+        return rundir.prepare(run_dir, overwrite=overwrite, worker_index=worker, started=started)
     run, refused = None, None
     if processes.chief:
         try:
-            run = rundir.prepare(run_dir, overwrite=overwrite)
+            run = rundir.prepare(run_dir, overwrite=overwrite, started=started)
         except Exception as error:  # the others hear of it (or would wait for the chief)
             refused = error
     # what the others need: the verdict, and the files a resumed run continues from

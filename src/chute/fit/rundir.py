@@ -4,7 +4,8 @@ Layout: ``bundle/`` (the model bundle, written last: its ``chute.json``
 means the run finished), ``checkpoints/`` (``best.keras``, ``last.keras``),
 ``backup/`` (while a run is unfinished: what a resumed run continues from),
 ``logs/`` (TensorBoard), ``history.csv``/``.json``, ``curves.png``,
-``config.json``, ``summary.json`` and the validation reports. In a
+``config.json``, ``summary.json``, the validation reports, and ``started.json``
+(what the backup depends on: a run resumes only with the same). In a
 multi-worker run the chief writes it; each other worker keeps its files in
 ``worker-N/`` inside it.
 
@@ -25,7 +26,8 @@ from chute.format import storage
 from chute.format.bundle import META_NAME, RUN_SUBDIR
 
 # what a run writes: replaced by --overwrite (nothing else in the folder is touched)
-_ENTRIES = ("bundle", "checkpoints", "logs", "backup", "history.csv")
+_ENTRIES = ("bundle", "checkpoints", "logs", "backup", "history.csv", "started.json")
+STARTED = "started.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +71,22 @@ class RunDir:
         storage.write_atomic(self.join(name), text.encode())
 
 
-def prepare(run_dir: str | os.PathLike, *, overwrite: bool, worker_index: int = 0) -> RunDir:
+def prepare(
+    run_dir: str | os.PathLike,
+    *,
+    overwrite: bool,
+    worker_index: int = 0,
+    started: dict[str, Any] | None = None,
+) -> RunDir:
     """Creates the run folder of this process; refuses a finished run unless ``overwrite``.
 
+    An interrupted run (its backup) is resumed when ``started`` (what the backup depends
+    on: model, input, classes, backend...) is what it was started with; other options
+    are refused unless ``overwrite``, which starts afresh. ``started`` is recorded.
+
     Raises:
-        ChuteError: ``run_dir`` holds a finished run and ``overwrite`` is False.
+        ChuteError: ``run_dir`` holds a finished run, or an interrupted one started with
+            other options, and ``overwrite`` is False.
     """
     run_dir = os.fspath(run_dir)
     if storage.check_output(run_dir, "run_dir") and storage.exists(
@@ -84,4 +97,31 @@ def prepare(run_dir: str | os.PathLike, *, overwrite: bool, worker_index: int = 
         )
     path = storage.join(run_dir, f"worker-{worker_index}") if worker_index else run_dir
     storage.makedirs(path)
-    return RunDir(path, resumed=storage.exists(storage.join(path, "backup")))
+    run = RunDir(path, resumed=storage.exists(storage.join(path, "backup")))
+    if started is None:
+        return run
+    if run.resumed:
+        differences = _differences(run, started)
+        if differences:
+            holds = (
+                f"an interrupted run started with other options ({differences}; the "
+                "command it was started with resumes it)"
+            )
+            storage.replace_or_refuse(
+                path, "run_dir", holds=holds, overwrite=overwrite, entries=_ENTRIES
+            )
+            run = RunDir(path, resumed=False)
+    if not run.resumed:
+        run.write_json(STARTED, started)
+    return run
+
+
+def _differences(run: RunDir, started: dict[str, Any]) -> str:
+    """What differs between the options a run was started with and ``started``
+    (``""``: nothing, or a run from before chute recorded them)."""
+    path = run.join(STARTED)
+    if not storage.exists(path):
+        return ""
+    before = json.loads(storage.read_bytes(path))
+    changed = [key for key in started if key in before and before[key] != started[key]]
+    return "; ".join(f"{key}: {before[key]!r} then, {started[key]!r} now" for key in changed)

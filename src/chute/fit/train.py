@@ -114,15 +114,17 @@ def train(
         run_dir: where the bundle, checkpoints, logs and reports go. Running the
             same command again after an interruption resumes the run.
         config: a :class:`TrainConfig`; or pass its fields as keywords.
-        overwrite: start over in a ``run_dir`` holding a finished run.
+        overwrite: start over in a ``run_dir`` holding a finished run, or an
+            interrupted one started with other options (model, input, classes,
+            fine-tuning, backend); the same options resume an interrupted run.
         verbose: Keras's progress output.
 
     Returns:
         A :class:`TrainResult`.
 
     Raises:
-        ChuteError: bad options, data without a train split, or a finished run
-            in ``run_dir`` (without ``overwrite``).
+        ChuteError: bad options, data without a train split, or in ``run_dir`` a
+            finished run or an interrupted one of other options (without ``overwrite``).
     """
     if config is not None and options:
         raise ChuteError("Pass either `config` or option keywords, not both")
@@ -132,7 +134,10 @@ def train(
     models.check_model(config.model, config.weights)  # before anything heavy
     manifest = _training_data(data)
     processes = processes_lib.join(config)  # JAX on several hosts: one process each
-    run = processes_lib.prepare_run(run_dir, overwrite=overwrite, processes=processes)
+    started = _started_with(config, manifest)
+    run = processes_lib.prepare_run(
+        run_dir, overwrite=overwrite, processes=processes, started=started
+    )
     strategy = _strategy(config)
     precision = _precision(config, strategy)
     with _global_policy(precision), _distribution(strategy):
@@ -154,6 +159,20 @@ def train(
 
         evaluate(bundle, manifest, split="val", out_dir=run.path)
     return result
+
+
+def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[str, Any]:
+    """What a run's backup depends on (the model's layers and shapes, its training phases,
+    the classes): an interrupted run resumes only with the same."""
+    stored = [manifest.image.height, manifest.image.width]
+    return {
+        "model": config.model,
+        "input_size": list(config.image_size) if config.image_size else stored,
+        "channels": manifest.image.channels,
+        "class_names": list(manifest.class_names),
+        "fine_tune": config.fine_tune,
+        "backend": config.backend,
+    }
 
 
 def _training_data(data: Any) -> manifest_lib.Manifest:
