@@ -26,8 +26,8 @@ from chute.format import storage
 from chute.format.bundle import META_NAME, RUN_SUBDIR
 
 # what a run writes: replaced by --overwrite (nothing else in the folder is touched)
-_ENTRIES = ("bundle", "checkpoints", "logs", "backup", "history.csv", "started.json")
-STARTED = "started.json"
+STARTED = "started.json"  # what the backup depends on (see prepare)
+_ENTRIES = ("bundle", "checkpoints", "logs", "backup", "history.csv", STARTED)
 
 
 @dataclasses.dataclass(frozen=True)
