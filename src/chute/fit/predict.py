@@ -36,9 +36,9 @@ from chute.format.bundle import Bundle, load_bundle
 from chute.format.spec import ImageSpec
 from chute.image.decode import load_pixels
 from chute.image.encode import stored_bytes
+from chute.image.files import IMAGE_EXTENSIONS, image_files, text_key
 from chute.image.header import Rejected
 from chute.image.tf_ops import centre_crop
-from chute.ingest import sources
 from chute.lazy import tf
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,13 @@ class Prediction:
 
     path: str
     top: list[tuple[str, float]]
+
+    @property
+    def text_path(self) -> str:
+        """``path`` as text that can be printed or written anywhere: a name that is not
+        UTF-8 keeps its bytes as ``\\xNN``, as ``chute convert`` writes its keys
+        (:func:`chute.image.files.text_key`); ``path`` itself still opens the file."""
+        return text_key(self.path)
 
     @property
     def class_name(self) -> str:
@@ -85,28 +92,36 @@ class PredictResult:
     failures: list[tuple[str, str]]  # (path, reason)
 
     def to_json(self) -> str:
-        """Predictions and failures as JSON (``{"predictions": [...], "failures": [...]}``)."""
+        """Predictions and failures as JSON (``{"predictions": [...], "failures": [...]}``),
+        valid UTF-8 whatever the file names (names as :attr:`Prediction.text_path`)."""
         body = {
             "predictions": [
                 {
-                    "path": p.path,
-                    "top": [{"class": name, "probability": prob} for name, prob in p.top],
+                    "path": p.text_path,
+                    "top": [{"class": text_key(name), "probability": prob} for name, prob in p.top],
                 }
                 for p in self.predictions
             ],
-            "failures": [{"path": path, "reason": reason} for path, reason in self.failures],
+            "failures": [{"path": path, "reason": reason} for path, reason in self.text_failures],
         }
         return json.dumps(body, indent=1, ensure_ascii=False) + "\n"
 
     def to_csv(self) -> str:
-        """One row per image and rank: ``path,rank,class,probability`` (failures left out)."""
+        """One row per image and rank: ``path,rank,class,probability`` (failures left out;
+        names as :attr:`Prediction.text_path`)."""
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(["path", "rank", "class", "probability"])
         for p in self.predictions:
             for rank, (name, prob) in enumerate(p.top, start=1):
-                writer.writerow([p.path, rank, name, repr(prob)])
+                writer.writerow([p.text_path, rank, text_key(name), repr(prob)])
         return buffer.getvalue()
+
+    @property
+    def text_failures(self) -> list[tuple[str, str]]:
+        """``failures`` as text that can be printed anywhere (names as
+        :attr:`Prediction.text_path`, in the reasons too)."""
+        return [(text_key(path), text_key(reason)) for path, reason in self.failures]
 
 
 def predict(
@@ -280,13 +295,13 @@ def _expand(entries: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def _no_images(folder: str) -> str:
-    return f"no image files ({', '.join(sorted(sources.IMAGE_EXTENSIONS))}) in this folder"
+    return f"no image files ({', '.join(sorted(IMAGE_EXTENSIONS))}) in this folder"
 
 
 def _walk(folder: str) -> list[str]:
     """Image files under ``folder``, recursively, sorted; hidden entries skipped
     and symlink loops broken, as ``chute convert`` lists a class folder."""
-    return [storage.join(folder, rel) for rel in sources.image_files(folder)]
+    return [storage.join(folder, rel) for rel in image_files(folder)]
 
 
 def _in_order(

@@ -10,8 +10,10 @@ second:
   (what a file's header tells, without decoding its pixels; :class:`Rejected`),
   ``resize`` (crop, pad or stretch to a size), ``decode`` (a file to upright
   pixels in the stored mode and size: EXIF orientation, colour modes,
-  DCT-scaled JPEG decoding) and ``encode`` (pixels to the stored bytes: raw,
-  PNG or JPEG, metadata stripped). None of them imports TensorFlow, even lazily.
+  DCT-scaled JPEG decoding), ``encode`` (pixels to the stored bytes: raw,
+  PNG or JPEG, metadata stripped) and ``files`` (which names are images, the
+  images under a folder, names as text). None of them imports TensorFlow, even
+  lazily.
 - **TensorFlow** (``tf_ops``): the reader's per-image decode, random-resized
   crop and centre crop, as TensorFlow ops that run inside ``tf.data``.
 """

@@ -24,7 +24,7 @@ Recognised sources (see :func:`scan`):
 One module per kind; :mod:`.base` holds what they share (a leaf), and
 :func:`scan` picks the kind from a table of ``(recognises, scanner)`` rows.
 Whatever the kind, :func:`scan` makes keys, reject reasons and class names
-text (:func:`~.base.text_key`): a name that is not UTF-8 keeps its bytes as
+text (:func:`chute.image.files.text_key`): a name that is not UTF-8 keeps its bytes as
 ``\\xNN`` in them, while its file is read through its real path.
 """
 
@@ -36,17 +36,11 @@ from typing import NamedTuple
 
 from chute.errors import ChuteError
 from chute.format import storage
+from chute.image.files import IMAGE_EXTENSIONS, image_files, text_key
 from chute.image.size import DEFAULT_MAX_PIXELS
 from chute.ingest.sources import archives, arrays, lists, parquet, tars, webdataset
-from chute.ingest.sources.base import (
-    IMAGE_EXTENSIONS,
-    SPLITS,
-    Item,
-    ProgressFn,
-    Source,
-    text_key,
-)
-from chute.ingest.sources.folder import image_files, scan_folder
+from chute.ingest.sources.base import SPLITS, Item, ProgressFn, Source
+from chute.ingest.sources.folder import scan_folder
 from chute.ingest.sources.members import TAR, ZIP
 
 __all__ = [
@@ -91,8 +85,8 @@ def _scan_parquet(path: str, request: _Request) -> Source:
 
 
 def _escape_names(found: Source) -> None:
-    """Keys, reject reasons and class names as text (:func:`~.base.text_key`), whatever the
-    kind: a name that is not UTF-8 is written escaped, never crashes a writer."""
+    """Keys, reject reasons and class names as text (:func:`chute.image.files.text_key`),
+    whatever the kind: a name that is not UTF-8 is written escaped, never crashes a writer."""
     found.items = [
         item if (key := text_key(item.key)) == item.key else item._replace(key=key)
         for item in found.items

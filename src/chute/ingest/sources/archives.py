@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 from chute.errors import ChuteError
 from chute.format import storage
+from chute.image.files import is_image
 from chute.ingest.sources import members as members_lib
 from chute.ingest.sources.base import (
     LABEL_EXTENSIONS,
@@ -50,7 +51,6 @@ from chute.ingest.sources.base import (
     Item,
     Source,
     class_layout,
-    is_image,
     visible_folders,
 )
 from chute.ingest.sources.members import ZIP, Member

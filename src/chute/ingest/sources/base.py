@@ -11,8 +11,6 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
-import os
-import re
 import shutil
 import tempfile
 import weakref
@@ -25,7 +23,6 @@ from chute.errors import ChuteError
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 SPLITS = ("train", "val", "test")
 SPLIT_ALIASES = {"train": "train", "val": "val", "validation": "val", "test": "test"}
 LITTER = frozenset({"__MACOSX"})  # folders archivers leave behind: never data
@@ -94,37 +91,6 @@ class Source:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def is_image(name: str) -> bool:
-    """Whether ``name`` ends in an image extension, in any letter case."""
-    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _escape_surrogate(match: re.Match) -> str:
-    code = ord(match.group())
-    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as os.fsdecode and tarfile hold it
-        return f"\\x{code - 0xDC00:02x}"
-    return f"\\u{code:04x}"  # a lone surrogate from elsewhere: no byte behind it
-
-
-def text_key(name: str) -> str:
-    """``name`` as text that can be written anywhere (UTF-8 records, CSV, JSON).
-
-    A file or member name that is not UTF-8 reaches Python with its undecodable
-    bytes held as surrogates (``os.fsdecode``, ``tarfile``); each becomes ``\\xNN``,
-    as ``bytes.decode("utf-8", "backslashreplace")`` writes it. Other names are
-    returned unchanged. Only keys and messages are escaped: the file is still read
-    through its real path.
-
-    Example:
-        >>> text_key(os.fsdecode(b"cats/caf\\xe9.png")), text_key("cats/café.png")
-        ('cats/caf\\\\xe9.png', 'cats/café.png')
-    """
-    return _SURROGATE.sub(_escape_surrogate, name)
 
 
 def visible_folders(names: Iterable[str], where: str) -> list[str]:
@@ -234,6 +200,7 @@ def make_scratch_dir() -> str:
     """A new temporary folder (in ``TMPDIR``) for what a source is unpacked to.
 
     Example:
+        >>> import os
         >>> with scratch_named("chute-unpack-doc-"):
         ...     folder = make_scratch_dir()
         >>> os.path.basename(folder).startswith("chute-unpack-doc-"), os.rmdir(folder)

@@ -9,57 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 
 from chute.format import storage
-from chute.ingest.sources.base import Item, Source, class_layout, is_image, visible_folders
+from chute.image.files import image_files
+from chute.ingest.sources.base import Item, Source, class_layout, visible_folders
 
 log = logging.getLogger(__name__)
-
-
-def image_files(top: str, outer: frozenset[str] = frozenset()) -> list[str]:
-    """Image paths under ``top`` relative to it (``/``-separated), sorted.
-
-    Hidden files and folders are skipped; symlinked folders are followed
-    unless they lead back to a folder already on the current path, or to one of
-    the ``outer`` folders (real paths of the dataset and split roots): a loop.
-    """
-    found: list[str] = []
-    if not storage.is_local(top):
-        for dirpath, dirnames, filenames in storage.walk(top):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            rel = posixpath.relpath(dirpath.rstrip("/"), top.rstrip("/"))
-            for name in filenames:
-                if not name.startswith(".") and is_image(name):
-                    found.append(name if rel == "." else posixpath.join(rel, name))
-        return sorted(found)
-
-    def visit(path: str, rel: str, ancestors: frozenset[str]) -> None:
-        try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except OSError as error:
-            log.warning("cannot list %s: %s", path, error)
-            return
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            child_rel = f"{rel}/{entry.name}" if rel else entry.name
-            try:
-                is_dir = entry.is_dir(follow_symlinks=True)
-            except OSError:
-                continue
-            if is_dir:
-                real = os.path.realpath(entry.path)
-                if real in ancestors:
-                    log.warning("skipping symlink loop at %s", entry.path)
-                    continue
-                visit(entry.path, child_rel, ancestors | {real})
-            elif is_image(entry.name):
-                found.append(child_rel)
-
-    top = storage.local_path(top)
-    visit(top, "", outer | {os.path.realpath(top)})
-    return sorted(found)
 
 
 def _subfolders(path: str) -> list[str]:

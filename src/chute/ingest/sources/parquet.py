@@ -38,9 +38,9 @@ from typing import Any
 
 from chute.errors import ChuteError
 from chute.format import storage
+from chute.image.files import IMAGE_EXTENSIONS
 from chute.ingest.sources import members as members_lib
 from chute.ingest.sources.base import (
-    IMAGE_EXTENSIONS,
     SPLIT_ALIASES,
     Item,
     Source,

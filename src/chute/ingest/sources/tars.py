@@ -26,6 +26,7 @@ from typing import IO
 
 from chute.errors import ChuteError
 from chute.format import storage
+from chute.image.files import is_image
 from chute.ingest.sources import members as members_lib
 from chute.ingest.sources.archives import (
     SMALL_MEMBER,
@@ -37,7 +38,7 @@ from chute.ingest.sources.archives import (
     remove,
     resolve,
 )
-from chute.ingest.sources.base import LABEL_EXTENSIONS, ProgressFn, is_image, make_scratch_dir
+from chute.ingest.sources.base import LABEL_EXTENSIONS, ProgressFn, make_scratch_dir
 from chute.ingest.sources.members import TAR, Member
 
 log = logging.getLogger(__name__)

@@ -37,10 +37,10 @@ import re
 
 from chute.errors import ChuteError
 from chute.format import storage
+from chute.image.files import IMAGE_EXTENSIONS
 from chute.ingest.sources import archives, tars
 from chute.ingest.sources import members as members_lib
 from chute.ingest.sources.base import (
-    IMAGE_EXTENSIONS,
     LABEL_EXTENSIONS,
     LITTER,
     Item,
