@@ -141,3 +141,132 @@ def test_a_malformed_manifest_is_one_error_naming_the_field(
         result = run_here(*command)
         assert result.returncode == 2, (command, result.stderr)
         assert f"{field}` must be" in result.stderr and "Traceback" not in result.stderr
+
+
+def _shard0(body: dict) -> dict:
+    return body["splits"]["train"]["shards"][0]
+
+
+def _readers(out: str):
+    """Every way a user reads a manifest: the Python API (both engines' readers, verify,
+    index) and the commands that take a dataset."""
+    import chute
+
+    return [
+        manifest_lib.load,
+        chute.verify,
+        chute.index,
+        lambda o: chute.grain_source(o, "train"),
+        lambda o: chute.load(o, "train", batch_size=4, engine="grain"),
+    ]
+
+
+def _refused_everywhere(out: str, message: str) -> None:
+    from helpers import run_here
+
+    for read in _readers(out):
+        with pytest.raises(ChuteError, match=re.escape(message)):
+            read(out)
+    commands = (["verify", out, "--no-progress"], ["index", out, "--no-progress"], ["inspect", out])
+    for command in commands:
+        result = run_here(*command)
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda b: _shard0(b).pop("bytes"), "splits.train.shards[0].bytes"),
+        (lambda b: _shard0(b).pop("sha256"), "splits.train.shards[0].sha256"),
+        (lambda b: _shard0(b).__setitem__("sha256", "abc"), "splits.train.shards[0].sha256"),
+        (lambda b: _shard0(b).__setitem__("bytes", -1), "splits.train.shards[0].bytes"),
+        (lambda b: _shard0(b).__setitem__("class_counts", "x"), "shards[0].class_counts"),
+        (lambda b: _shard0(b).pop("class_counts"), "splits.train.shards[0].class_counts"),
+        (lambda b: _shard0(b)["class_counts"].__setitem__("counts", [1]), "class_counts.counts"),
+        (lambda b: _shard0(b)["index"].pop("sha256"), "splits.train.shards[0].index"),
+        (lambda b: b["splits"]["train"].__setitem__("class_counts", "x"), "train.class_counts"),
+        (lambda b: b["splits"]["val"].pop("class_counts"), "splits.val.class_counts"),
+        (lambda b: b.__setitem__("image", "x"), "image"),
+        (lambda b: b.__setitem__("rejects", "x"), "rejects"),
+        (lambda b: b.__setitem__("duplicates", [{"keys": []}]), "duplicates"),
+        (lambda b: b.__setitem__("options", []), "options"),
+        (lambda b: b.__setitem__("version", "3"), "version"),
+    ],
+)
+def test_a_hand_edited_manifest_is_one_error_naming_the_field_everywhere(
+    shared_dataset, tmp_path, change, field
+):
+    out = _tampered(shared_dataset, tmp_path, change)
+    message = f"{out}/manifest.json is not a valid chute manifest: "
+    with pytest.raises(ChuteError, match=re.escape(message) + ".*" + re.escape(f"{field}` must")):
+        manifest_lib.load(out)
+    _refused_everywhere(out, f"{field}` must be")
+
+
+def test_a_missing_field_is_named_as_missing(shared_dataset, tmp_path):
+    out = _tampered(
+        shared_dataset, tmp_path, lambda b: b["splits"]["train"]["shards"][1].pop("sha256")
+    )
+    with pytest.raises(ChuteError) as error:
+        manifest_lib.load(out)
+    assert str(error.value) == (
+        f"{out}/manifest.json is not a valid chute manifest: `splits.train.shards[1].sha256` "
+        "must be the shard's sha256 (64 lowercase hex digits). Received: "
+        "splits.train.shards[1].sha256 is missing. Correct it, or convert the dataset again"
+    )
+
+
+def test_an_image_spec_out_of_range_is_named(shared_dataset, tmp_path):
+    out = _tampered(shared_dataset, tmp_path, lambda b: b["image"].__setitem__("height", 0))
+    _refused_everywhere(out, "in `image`, `height` must be an integer from 1 to 65535")
+
+
+def _drop_last_class(body: dict) -> None:
+    """One class name fewer than the labels the records (and the counts) hold."""
+    body["class_names"].pop()
+
+
+def _drop_last_class_and_its_counts(body: dict) -> None:
+    """As above, with the splits' dense counts cut to the names: the shards' sparse counts
+    still hold the last label."""
+    body["class_names"].pop()
+    for split in body["splits"].values():
+        split["class_counts"].pop()
+
+
+def test_labels_beyond_the_class_names_are_refused(shared_dataset, tmp_path):
+    out = _tampered(shared_dataset, tmp_path, _drop_last_class)
+    _refused_everywhere(
+        out,
+        "`splits.train.class_counts` must be one count per class name: class_names has 2 names, "
+        "this 3 counts (the class names and the records' labels disagree)",
+    )
+    out = _tampered(shared_dataset, tmp_path / "2", _drop_last_class_and_its_counts)
+    _refused_everywhere(
+        out,
+        "class_counts.classes` must be labels from 0 to 1: class_names has 2 names, "
+        "so label 2 has none (the class names and the records' labels disagree)",
+    )
+
+
+def test_every_manifest_chute_writes_passes_the_checks(shared_dataset, tmp_path):
+    """The checks refuse nothing chute writes: a local conversion, the ShardWriter's entries,
+    version 1 and 2 manifests (dense per-shard counts), optional report fields left out."""
+    manifest_lib.load(shared_dataset)
+    manifest_lib.Manifest.from_json(_ten_thousand_classes(tmp_path).to_json())
+
+    def older(body):
+        body["version"] = 2
+        for split in body["splits"].values():
+            for shard in split["shards"]:
+                dense = [0] * len(body["class_names"])
+                stored = shard.pop("class_counts")
+                for label, count in zip(stored["classes"], stored["counts"], strict=True):
+                    dense[label] = count
+                shard["class_counts"] = dense
+                del shard["index"]
+        for key in ("rejects", "duplicates", "warnings", "created_by"):
+            body.pop(key)
+
+    assert manifest_lib.load(_tampered(shared_dataset, tmp_path, older)).num_examples("val") == 6

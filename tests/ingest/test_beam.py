@@ -62,7 +62,7 @@ def test_beam_writes_the_same_bytes_and_records_as_the_local_converter(src, tmp_
     dropped = [key for group in manifest.duplicates for key in group["dropped"]]
     assert len(manifest.duplicates) == 4 and dropped  # copies split up: one side dropped
     assert tree_bytes(beam) == tree_bytes(local)  # shards, indexes, manifest, rejects.csv, ...
-    indexes = sorted(p.name for p in beam.glob("*.index"))  # Beam's workers wrote them
+    indexes = sorted(p.name for p in beam.glob("index/*.index"))  # Beam's workers wrote them
     assert indexes == sorted(
         s["index"]["file"] for v in manifest.splits.values() for s in v["shards"]
     )

@@ -16,7 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import (
+    COLOURS,
     all_records,
+    codelab_read_tfrecord,
+    colour_jpegs,
     decode,
     make_folder,
     read_records,
@@ -136,11 +139,13 @@ def test_shard_file_names_carry_split_index_and_count(tmp_path):
     assert sorted(manifest.splits) == ["test", "train", "val"]
     assert {p.name for p in out.glob("*.tfrecord")} == expected
     assert {p.name for p in out.iterdir()} == expected | {
-        f[: -len(".tfrecord")] + ".index" for f in expected
-    } | {
+        "index",  # the record indexes, out of the shards' globs
         "manifest.json",
         "rejects.csv",
         "source-files.csv",
+    }
+    assert {p.name for p in (out / "index").iterdir()} == {
+        f[: -len(".tfrecord")] + ".index" for f in expected
     }
 
 
@@ -251,6 +256,25 @@ def test_hosts_get_16_shards_each_and_equal_shares_of_files(
     assert manifest.options["hosts"] == hosts
 
 
+@pytest.mark.parametrize(("count", "shards"), [(1600, [16, 1, 7]), (5000, [16, 1, 7])])
+def test_min_shards_cuts_evaluation_splits_only_into_shards_worth_reading(tmp_path, count, shards):
+    # The train split gets the minimum asked for; val and test get it as far as each of their
+    # shards keeps 64 records, or a quarter of a train shard's: a 12-image val split is one
+    # shard, not 12 one-image shards.
+    src = _npz(tmp_path / "x.npz", count)
+    val_fraction = 12 / count
+    options = {"val_fraction": val_fraction, "test_fraction": 0.1, "min_shards": 16, "workers": 1}
+    manifest = chute.convert(src, tmp_path / "out", **options).manifest
+    found = {name: split["shards"] for name, split in manifest.splits.items()}
+    assert [len(found[name]) for name in ("train", "val", "test")] == shards
+    train = manifest.num_examples("train")
+    assert manifest.num_examples("val") == 12 and manifest.num_examples("test") == count // 10
+    assert min(s["num_records"] for s in found["test"]) >= min(64, train // 16 // 4)
+    assert max(s["num_records"] for s in found["train"]) <= -(-train // 16)
+    flag = " ".join(run_cli("convert", "--help").stdout.split())
+    assert "--min-shards N shards of the train split at least; val and test get it" in flag
+
+
 def test_hosts_from_the_command_line_and_bad_values(tmp_path):
     src = _npz(tmp_path / "x.npz", 256)
     result = run_cli("convert", src, tmp_path / "out", "--hosts", "2", "--workers", "1")
@@ -343,31 +367,14 @@ def test_raw_pixels_round_trip_exactly_without_resize(folder, tmp_path):
 def test_codelab_reader_reads_jpeg_shards_unchanged(tmp_path):
     import tensorflow as tf
 
-    colors = {"a": (220, 30, 30), "b": (30, 220, 30), "c": (30, 30, 220)}
-    for name, color in colors.items():
-        for i in range(5):
-            pixels = np.full((16, 16, 3), color, np.uint8)
-            pixels[0, 0] = (i * 40, i * 40, i * 40)  # distinct files
-            write_image(tmp_path / "src" / name / f"{i}.jpg", pixels, quality=95)
+    colour_jpegs(tmp_path / "src", per_class=5)
     out = tmp_path / "out"
     manifest = chute.convert(
         tmp_path / "src", out, image_size=16, encoding="jpeg", workers=1
     ).manifest
     assert manifest.image.encoding == "jpeg"
 
-    # The "Keras on TPU" codelab's reader, verbatim apart from the names.
-    target_size = [16, 16]
-
-    def read_tfrecord(example):
-        features = {
-            "image": tf.io.FixedLenFeature([], tf.string),  # tf.string = bytestring
-            "class": tf.io.FixedLenFeature([], tf.int64),  # shape [] means scalar
-        }
-        example = tf.io.parse_single_example(example, features)
-        image = tf.io.decode_jpeg(example["image"], channels=3)
-        image = tf.reshape(image, [*target_size, 3])
-        class_label = example["class"]
-        return image, class_label
+    read_tfrecord = codelab_read_tfrecord([16, 16])  # the "Keras on TPU" codelab's reader
 
     filenames = tf.io.gfile.glob(str(out / "*.tfrecord"))
     dataset = tf.data.TFRecordDataset(filenames, num_parallel_reads=tf.data.AUTOTUNE)
@@ -375,7 +382,7 @@ def test_codelab_reader_reads_jpeg_shards_unchanged(tmp_path):
     seen = collections.Counter()
     for image, label in dataset.as_numpy_iterator():
         assert image.shape == (16, 16, 3) and image.dtype == np.uint8
-        color = np.asarray(colors[manifest.class_names[label]])
+        color = np.asarray(COLOURS[manifest.class_names[label]])
         assert np.abs(np.median(image.reshape(-1, 3), axis=0) - color).max() < 12
         seen[int(label)] += 1
     assert seen == {0: 5, 1: 5, 2: 5}
@@ -453,7 +460,16 @@ def _stamp_old(out: Path) -> dict[str, tuple[int, bytes]]:
     for path in out.rglob("*"):
         if path.is_file():
             os.utime(path, ns=(old, old))
-    return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*")}
+    return _timed_files(out)
+
+
+def _timed_files(out: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file under ``out`` (the record indexes are in a folder): name -> (mtime, bytes)."""
+    return {
+        str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes())
+        for p in out.rglob("*")
+        if p.is_file()
+    }
 
 
 def test_rerunning_the_same_conversion_is_a_no_op(folder, tmp_path):
@@ -463,9 +479,7 @@ def test_rerunning_the_same_conversion_is_a_no_op(folder, tmp_path):
     again = chute.convert(folder, out, val_fraction=0.25, min_shards=2, workers=1)
     assert again.already_done and again.resumed_shards == 0
     assert again.manifest == first.manifest
-    after = {
-        str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*")
-    }
+    after = _timed_files(out)
     assert after == before
 
 
@@ -478,9 +492,7 @@ def test_other_options_on_existing_output_are_refused_unless_overwrite(folder, t
     assert "overwrite" in str(error.value)
     with pytest.raises(ChuteError, match="min_shards"):
         chute.convert(folder, out, val_fraction=0.25, min_shards=3, workers=1)
-    after = {
-        str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*")
-    }
+    after = _timed_files(out)
     assert after == before
 
     replaced = chute.convert(folder, out, val_fraction=0.5, min_shards=3, overwrite=True, workers=1)

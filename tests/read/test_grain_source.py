@@ -125,7 +125,8 @@ def test_grain_worker_processes_read_it(shared_dataset):
 def test_a_damaged_record_is_an_error_naming_it_and_the_others_still_read(dataset):
     source = chute.grain_source(dataset, "train")
     shard = chute.load_manifest(dataset).splits["train"]["shards"][0]
-    index = record_index.RecordIndex.from_bytes((dataset / shard["index"]["file"]).read_bytes())
+    index_file = dataset / record_index.FOLDER / shard["index"]["file"]
+    index = record_index.RecordIndex.from_bytes(index_file.read_bytes())
     path = dataset / shard["file"]
     data = bytearray(path.read_bytes())
     data[int(index.offsets[2]) + 30] ^= 0xFF  # inside record 2's data
@@ -153,11 +154,11 @@ def test_a_dataset_without_indexes_says_to_run_chute_index(dataset):
 
 def test_a_missing_or_changed_index_is_refused(dataset):
     shards = chute.load_manifest(dataset).splits["val"]["shards"]
-    (dataset / shards[1]["index"]["file"]).unlink()
+    (dataset / record_index.FOLDER / shards[1]["index"]["file"]).unlink()
     with pytest.raises(ChuteError, match="is missing: run `chute index"):
         chute.grain_source(dataset, "val")
     chute.index(dataset)
-    index = dataset / shards[0]["index"]["file"]
+    index = dataset / record_index.FOLDER / shards[0]["index"]["file"]
     data = bytearray(index.read_bytes())
     data[-1] ^= 1
     index.write_bytes(bytes(data))
@@ -167,13 +168,27 @@ def test_a_missing_or_changed_index_is_refused(dataset):
         chute.grain_source(dataset, "test")
 
 
+def test_a_missing_shard_is_an_error_naming_it_and_chute_verify(dataset):
+    shard = chute.load_manifest(dataset).splits["train"]["shards"][1]["file"]
+    source = chute.grain_source(dataset, "train")
+    (dataset / shard).unlink()  # gone after the source was made: when a record is read
+    expected = rf"Shard {shard} of the train split .* is missing.*`chute verify {dataset}`"
+    with pytest.raises(ChuteError, match=expected):
+        [source[i] for i in range(len(source))]
+    with pytest.raises(ChuteError, match=expected):  # gone before: when the dataset is loaded
+        chute.load(dataset, engine="grain", batch_size=4, workers=0)
+
+
 def test_it_reads_through_a_tensorflow_filesystem(shared_dataset):
     import tensorflow as tf
 
     out = f"ram://chute-grain-{uuid.uuid4().hex}/out"
     tf.io.gfile.makedirs(out)
-    for path in shared_dataset.iterdir():
-        tf.io.gfile.copy(str(path), f"{out}/{path.name}")
+    for path in shared_dataset.rglob("*"):
+        if path.is_file():
+            storage.write_atomic(
+                f"{out}/{path.relative_to(shared_dataset).as_posix()}", path.read_bytes()
+            )
     source = chute.grain_source(out, "train")
     assert not any(source._local)
     expected = all_records(shared_dataset, "train")

@@ -240,3 +240,52 @@ def test_a_version_2_manifest_with_dense_shard_counts_still_verifies(dataset):
 
     _edit_manifest(dataset, move_one)
     assert _bad_files(chute.verify(dataset)) == {VAL1}
+
+
+@pytest.fixture
+def long_shard(tmp_path: Path) -> tuple[Path, str, list[int]]:
+    """A dataset whose one training shard holds 40 records: ``(OUT, shard, offsets)``, the
+    byte offset of each record's frame (from its record index)."""
+    from chute.format import index as record_index
+
+    src = make_folder(tmp_path / "src", {"a": 20, "b": 20})
+    out = tmp_path / "out"
+    shard = chute.convert(src, out, min_shards=1, workers=1).manifest.splits["train"]["shards"][0]
+    assert shard["num_records"] == 40
+    data = (out / record_index.FOLDER / shard["index"]["file"]).read_bytes()
+    offsets = record_index.RecordIndex.from_bytes(data).offsets.tolist()
+    return out, shard["file"], offsets
+
+
+def _problem(out: Path) -> str:
+    report = chute.verify(out)
+    assert not report.ok
+    return " ".join(problem for _, problem in report.problems)
+
+
+def test_a_byte_flipped_in_record_31_names_record_31_and_its_byte(long_shard):
+    out, name, offsets = long_shard
+    path = out / name
+    data = bytearray(path.read_bytes())
+    data[offsets[31] + 30] ^= 0xFF  # inside record 31's data
+    path.write_bytes(bytes(data))
+    text = _problem(out)
+    assert f"the CRC of record 31 at byte {offsets[31]} is wrong" in text, text
+    assert "about 0" not in text
+    done = run_here("verify", out, "--no-progress")
+    assert done.returncode == 1 and f"record 31 at byte {offsets[31]}" in done.stderr
+
+
+def test_a_shard_truncated_near_its_end_names_the_last_record(long_shard):
+    out, name, offsets = long_shard
+    path = out / name
+    path.write_bytes(path.read_bytes()[:-10])
+    text = _problem(out)
+    assert f"truncated: record 39 at byte {offsets[39]} is cut short" in text, text
+
+
+def test_a_record_that_does_not_parse_is_named_by_its_number(long_shard):
+    out, name, _ = long_shard
+    _replace_shard(out, name, _record(0) * 31 + records.frame(b"not an Example") + _record(1) * 8)
+    text = _problem(out)
+    assert "record 31 does not parse or decode" in text, text

@@ -1,14 +1,25 @@
 """The record index: where each record of a shard starts, for random access.
 
 TFRecord has no index, so a reader can only go through a shard from its
-start. Beside each shard, conversion (and ``chute index``, for a dataset
-converted before) writes its index, ``train-00000-of-00016.index`` beside
-``train-00000-of-00016.tfrecord`` (not ``...tfrecord.index``: a name that
-starts with another file's whole name confuses prefix-matching filesystems
-such as TensorFlow's ``ram://``), and the manifest's shard entry names it
-with its sha256 (``"index": {"file": ..., "sha256": ...}``;
-an entry without ``index`` is a shard that has none). The shard itself stays
-a standard TFRecord file, byte for byte.
+start. For each shard, conversion (and ``chute index``, for a dataset
+converted before) writes its index into the dataset's ``index/`` folder:
+``OUT/index/train-00000-of-00016.index`` for ``OUT/train-00000-of-00016.tfrecord``.
+A dataset folder is a public format: readers with no chute code glob its
+shards (``train-*``, ``*-of-*``, ``*.tfrecord``, ``list_files(OUT + "/train*")``,
+``**/*.tfrecord``), and an index beside the shards, under the shard's own
+prefix, would be opened as a TFRecord (``DataLossError: corrupted record at
+0``). Inside ``index/`` no such glob reaches it. :func:`index_path` is the one
+place that says where an index is written, :func:`find` where one is read.
+
+Datasets written by chute before this layout hold each index beside its shard
+(``OUT/train-00000-of-00016.index``): :func:`find` reads it there, and
+``chute index`` moves it into ``index/``. The name is the shard's with
+``.index`` for ``.tfrecord`` (not ``...tfrecord.index``: a name that starts with
+another file's whole name confuses prefix-matching filesystems such as
+TensorFlow's ``ram://``). The manifest's shard entry names it with its sha256
+(``"index": {"file": ..., "sha256": ...}``, ``file`` the plain name, in either
+layout; an entry without ``index`` is a shard that has none). The shard itself
+stays a standard TFRecord file, byte for byte.
 
 The index is a fixed little-endian binary layout (32 + 16 × N bytes)::
 
@@ -54,6 +65,7 @@ from chute.format import records, storage
 
 SUFFIX = ".index"
 SHARD_SUFFIX = ".tfrecord"
+FOLDER = "index"  # the folder of a dataset's record indexes, where no shard glob reaches
 MAGIC = b"CHUTEIDX"
 VERSION = 1
 _HEADER = struct.Struct("<8sIIQQ")  # magic, version, reserved, records, shard bytes
@@ -65,13 +77,74 @@ _U64 = struct.Struct("<Q")
 
 
 def index_name(shard_file: str) -> str:
-    """The index file's name (or path) beside shard ``shard_file`` (a name or a path).
+    """The index file's name for shard ``shard_file`` (a name), as the manifest holds it.
 
     Example:
-        >>> index_name("train-00000-of-00016.tfrecord"), index_name("gs://b/d/val.tfrecord")
-        ('train-00000-of-00016.index', 'gs://b/d/val.index')
+        >>> index_name("train-00000-of-00016.tfrecord")
+        'train-00000-of-00016.index'
     """
     return shard_file.removesuffix(SHARD_SUFFIX) + SUFFIX
+
+
+def folder(location: str) -> str:
+    """The folder of dataset folder ``location``'s record indexes.
+
+    Example:
+        >>> folder("gs://b/d")
+        'gs://b/d/index'
+    """
+    return storage.join(location, FOLDER)
+
+
+def index_path(location: str, name: str) -> str:
+    """Where record index ``name`` (see :func:`index_name`) of dataset folder ``location``
+    is written: the one place every writer and reader takes it from.
+
+    Example:
+        >>> index_path("gs://b/d", "val-00000-of-00001.index")
+        'gs://b/d/index/val-00000-of-00001.index'
+    """
+    return storage.join(folder(location), name)
+
+
+def old_path(location: str, name: str) -> str:
+    """Where chute wrote record index ``name`` before :func:`index_path`: beside the
+    shards, where their globs read it (``chute index`` moves it).
+
+    Example:
+        >>> old_path("gs://b/d", "val-00000-of-00001.index")
+        'gs://b/d/val-00000-of-00001.index'
+    """
+    return storage.join(location, name)
+
+
+def find(location: str, name: str) -> str | None:
+    """The path record index ``name`` of dataset ``location`` is read from:
+    :func:`index_path`, else, where only that exists, the older layout's
+    :func:`old_path` (a dataset written before); None when neither exists.
+    """
+    for path in (index_path(location, name), old_path(location, name)):
+        if storage.exists(path):
+            return path
+    return None
+
+
+def in_old_layout(location: str, name: str) -> bool:
+    """Whether record index ``name`` of dataset ``location`` is read from beside the shards
+    (:func:`old_path`), where shard globs read it: ``chute index`` moves it."""
+    path = find(location, name)
+    return path is not None and path == old_path(location, name)
+
+
+def shown(location: str, name: str, path: str | None = None) -> str:
+    """Record index ``name`` as messages name it: relative to dataset ``location``, where
+    it is (``path``, from :func:`find`) or else where it belongs.
+
+    Example:
+        >>> shown("d", "val.index"), shown("d", "val.index", old_path("d", "val.index"))
+        ('index/val.index', 'val.index')
+    """
+    return name if path is not None and path == old_path(location, name) else f"{FOLDER}/{name}"
 
 
 def size_for(num_records: int) -> int:
@@ -271,19 +344,20 @@ def load(location: str, shard: dict[str, Any]) -> RecordIndex:
             f"before chute wrote them): {fix}"
         )
     name = shard["index"]["file"]
-    path = storage.join(location, name)
-    if not storage.exists(path):
-        raise ChuteError(f"The record index {name} in {location!r} is missing: {fix} again")
+    path = find(location, name)
+    where = f"{shown(location, name, path)} in {location!r}"
+    if path is None:
+        raise ChuteError(f"The record index {where} is missing: {fix} again")
     data = storage.read_bytes(path)
     if sha256(data) != shard["index"]["sha256"]:
         raise ChuteError(
-            f"The record index {name} in {location!r} differs from the manifest (sha256): "
+            f"The record index {where} differs from the manifest (sha256): "
             f"check the dataset with `chute verify {location}`, then {fix} again"
         )
-    index = RecordIndex.from_bytes(data, f"{name} in {location!r}")
+    index = RecordIndex.from_bytes(data, where)
     if len(index) != shard["num_records"] or index.shard_bytes != shard["bytes"]:
         raise ChuteError(
-            f"The record index {name} in {location!r} describes {len(index)} records in "
+            f"The record index {where} describes {len(index)} records in "
             f"{index.shard_bytes} bytes, the manifest {shard['num_records']} in {shard['bytes']}"
         )
     return index

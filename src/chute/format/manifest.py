@@ -12,6 +12,10 @@ finished.
 A shard entry's ``index`` is optional: datasets converted before chute wrote
 record indexes have none (``chute index`` adds them), and a chute that does not
 know the field reads the manifest as before, so it needs no new version.
+
+Reading a manifest checks every field readers use (:func:`check_structure`), so a
+hand-edited one is a single error naming the field (``splits.train.shards[2].sha256``)
+rather than a traceback wherever that field is first used.
 """
 
 from __future__ import annotations
@@ -93,29 +97,45 @@ class Manifest:
         return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, location: str = "") -> Manifest:
-        """Parses :meth:`to_json` output; rejects other formats and newer versions."""
+    def from_json(cls, text: str, location: str = "", *, file: str = "") -> Manifest:
+        """Parses :meth:`to_json` output; rejects other formats, newer versions and fields
+        that are not what chute writes (one error naming the field: see
+        :func:`check_structure`).
+
+        Args:
+            text: the manifest's JSON.
+            location: the dataset folder it describes.
+            file: the manifest's path, for messages (``location/manifest.json`` if not given).
+        """
+        where = file or (storage.join(location, MANIFEST_NAME) if location else MANIFEST_NAME)
         try:
             body = json.loads(text)
         except ValueError as error:
-            raise ChuteError(f"{location or 'manifest'} is not valid JSON: {error}") from None
+            raise ChuteError(f"{where} is not valid JSON: {error}") from None
         if not isinstance(body, dict) or body.get("format") != FORMAT:
-            raise ChuteError(f"{location or 'manifest'} is not a chute manifest")
-        if body.get("version", 0) > VERSION:
+            raise ChuteError(f"{where} is not a chute manifest")
+        version = body.get("version", 0)
+        if not checks.is_int(version) or version < 0:
+            raise _bad(where, "version", version, "a version number")
+        if version > VERSION:
             raise ChuteError(
-                f"{location} was written by a newer chute (manifest version "
-                f"{body['version']}, this chute reads up to {VERSION}); upgrade chute"
+                f"{where} was written by a newer chute (manifest version "
+                f"{version}, this chute reads up to {VERSION}); upgrade chute"
             )
-        check_structure(body, location or MANIFEST_NAME)
+        check_structure(body, where)
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in body.items() if k in fields}
         image = dict(values.get("image") or {})
-        if body.get("version", 0) < 2:  # resize, interpolation and quality were options
+        if version < 2:  # resize, interpolation and quality were options
             options = values.get("options") or {}
             for key in ("resize", "interpolation", "quality"):
                 if key in options:
                     image.setdefault(key, options[key])
-        values["image"] = ImageSpec.from_dict(image)
+        try:
+            values["image"] = ImageSpec.from_dict(image)
+        except ChuteError as error:
+            message = f"{where} is not a valid chute manifest: in `image`, {error}"
+            raise ChuteError(message) from None
         return cls(**values, location=location)
 
     def save(self, directory: str) -> str:
@@ -125,10 +145,14 @@ class Manifest:
         return path
 
 
+_MISSING = object()  # a field that is not there, as _bad shows it
+
+
 def _bad(where: str, field: str, value: Any, allowed: str) -> ChuteError:
+    received = f"{field} is missing" if value is _MISSING else f"{field}={value!r:.200}"
     return ChuteError(
         f"{where} is not a valid chute manifest: `{field}` must be {allowed}. "
-        f"Received: {field}={value!r:.200}"
+        f"Received: {received}. Correct it, or convert the dataset again"
     )
 
 
@@ -143,7 +167,7 @@ def check_shard_file(name: Any, field: str = "file", where: str = MANIFEST_NAME)
         >>> check_shard_file("../other/train.tfrecord")
         Traceback (most recent call last):
         ...
-        chute.errors.ChuteError: manifest.json is not a valid chute manifest: `file` must be a file name inside the dataset's folder (no '/', '\\', '..' or drive). Received: file='../other/train.tfrecord'
+        chute.errors.ChuteError: manifest.json is not a valid chute manifest: `file` must be a file name inside the dataset's folder (no '/', '\\', '..' or drive). Received: file='../other/train.tfrecord'. Correct it, or convert the dataset again
     """  # noqa: E501
     plain = (
         isinstance(name, str)
@@ -153,51 +177,147 @@ def check_shard_file(name: Any, field: str = "file", where: str = MANIFEST_NAME)
     )
     if not plain:
         allowed = "a file name inside the dataset's folder (no '/', '\\', '..' or drive)"
-        raise _bad(where, field, name, allowed)
+        raise _bad(where, field, _MISSING if name is None else name, allowed)
     return name
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 def check_structure(body: dict[str, Any], where: str) -> None:
-    """Refuses a manifest whose fields readers index into without checking: class names,
-    splits and their shards (file names, record counts, record index files). One error
-    names the field.
+    """Refuses a manifest whose fields are not what chute writes and readers rely on:
+    class names, splits, their counts and shards (file names, record counts, sizes,
+    sha256s, class counts, record index files), and the report fields (rejects,
+    duplicates, warnings). One error names the field (``splits.train.shards[2].sha256``),
+    what it must be and what it holds, so a hand-edited manifest is no traceback in
+    ``verify``, ``index`` or a reader. Labels are checked against the class names where
+    the manifest holds them (per-class counts): a manifest with fewer class names than
+    its records' labels is refused here. Fields a version of chute did not write are
+    optional (``index``, and ``options``, ``source``, ``rejects``, ... of a hand-written
+    manifest); whether counts agree with each other and with the shards is
+    ``chute verify``'s to report.
 
     Example:
-        >>> split = {"num_examples": 0, "shards": None}
+        >>> split = {"num_examples": 0, "class_counts": [0], "shards": None}
         >>> check_structure({"class_names": ["a"], "splits": {"train": split}}, "m")
         Traceback (most recent call last):
         ...
-        chute.errors.ChuteError: m is not a valid chute manifest: `splits.train.shards` must be a list of shard entries. Received: splits.train.shards=None
+        chute.errors.ChuteError: m is not a valid chute manifest: `splits.train.shards` must be a list of shard entries. Received: splits.train.shards=None. Correct it, or convert the dataset again
     """  # noqa: E501
-    names = body.get("class_names")
+    names = body.get("class_names", _MISSING)
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise _bad(where, "class_names", names, "a list of class names")
-    splits = body.get("splits")
+    splits = body.get("splits", _MISSING)
     if not isinstance(splits, dict) or not splits:
         raise _bad(where, "splits", splits, "an object of splits")
     for split, entry in splits.items():
+        field = f"splits.{split}"
         if not isinstance(entry, dict):
-            raise _bad(where, f"splits.{split}", entry, "an object")
-        count = entry.get("num_examples")
-        if not checks.is_int(count) or count < 0:
-            raise _bad(where, f"splits.{split}.num_examples", count, "a count")
-        shards = entry.get("shards")
+            raise _bad(where, field, entry, "an object")
+        _count(where, f"{field}.num_examples", entry.get("num_examples", _MISSING))
+        _dense_counts(where, f"{field}.class_counts", entry.get("class_counts", _MISSING), names)
+        shards = entry.get("shards", _MISSING)
         if not isinstance(shards, list):
-            raise _bad(where, f"splits.{split}.shards", shards, "a list of shard entries")
+            raise _bad(where, f"{field}.shards", shards, "a list of shard entries")
         for number, shard in enumerate(shards):
-            field = f"splits.{split}.shards[{number}]"
-            if not isinstance(shard, dict):
-                raise _bad(where, field, shard, "a shard entry (an object)")
-            check_shard_file(shard.get("file"), f"{field}.file", where)
-            records = shard.get("num_records")
-            if not checks.is_int(records) or records < 0:
-                raise _bad(where, f"{field}.num_records", records, "a count")
-            index = shard.get("index")
-            if index is not None:
-                if not isinstance(index, dict) or not isinstance(index.get("sha256"), str):
-                    allowed = "a record index entry ({'file': ..., 'sha256': ...})"
-                    raise _bad(where, f"{field}.index", index, allowed)
-                check_shard_file(index.get("file"), f"{field}.index.file", where)
+            _check_shard(where, f"{field}.shards[{number}]", shard, names)
+    image = body.get("image", _MISSING)
+    if not isinstance(image, dict):
+        raise _bad(where, "image", image, "an image spec (an object)")
+    for key in ("options", "source"):
+        if not isinstance(body.get(key, {}), dict):
+            raise _bad(where, key, body[key], "an object")
+    rejects = body.get("rejects", [])
+    if not _objects(rejects, {"key": str, "reason": str}):
+        raise _bad(where, "rejects", rejects, "a list of {'key': ..., 'reason': ...} objects")
+    duplicates = body.get("duplicates", [])
+    if not _objects(duplicates, {"keys": list, "dropped": list}):
+        allowed = "a list of {'keys': [...], 'dropped': [...]} objects"
+        raise _bad(where, "duplicates", duplicates, allowed)
+    warnings = body.get("warnings", [])
+    if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
+        raise _bad(where, "warnings", warnings, "a list of texts")
+    if not isinstance(body.get("created_by", ""), str):
+        raise _bad(where, "created_by", body["created_by"], "a text")
+
+
+def _objects(value: Any, fields: dict[str, type]) -> bool:
+    """Whether ``value`` is a list of objects whose ``fields`` have these types."""
+    return isinstance(value, list) and all(
+        isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in fields.items())
+        for item in value
+    )
+
+
+def _count(where: str, field: str, value: Any) -> None:
+    if not checks.is_int(value) or value < 0:
+        raise _bad(where, field, value, "a count (an integer >= 0)")
+
+
+def _dense_counts(where: str, field: str, value: Any, names: list[str]) -> None:
+    """A count per class, in label order: as many as there are class names."""
+    if not isinstance(value, list) or not all(checks.is_int(c) and c >= 0 for c in value):
+        raise _bad(where, field, value, f"a list of {len(names)} counts, one per class name")
+    if len(value) != len(names):
+        raise _bad(
+            where,
+            field,
+            value,
+            f"one count per class name: class_names has {len(names)} names, this "
+            f"{len(value)} counts (the class names and the records' labels disagree)",
+        )
+
+
+def _check_shard(where: str, field: str, shard: Any, names: list[str]) -> None:
+    """One shard entry (see :func:`check_structure`)."""
+    if not isinstance(shard, dict):
+        raise _bad(where, field, shard, "a shard entry (an object)")
+    check_shard_file(shard.get("file"), f"{field}.file", where)
+    for key in ("num_records", "bytes"):
+        _count(where, f"{field}.{key}", shard.get(key, _MISSING))
+    digest = shard.get("sha256", _MISSING)
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise _bad(where, f"{field}.sha256", digest, "the shard's sha256 (64 lowercase hex digits)")
+    counts = shard.get("class_counts", _MISSING)
+    if isinstance(counts, list):  # version 2: every class's count
+        _dense_counts(where, f"{field}.class_counts", counts, names)
+    else:
+        _sparse_counts(where, f"{field}.class_counts", counts, names)
+    index = shard.get("index")
+    if index is not None:
+        digest = index.get("sha256", _MISSING) if isinstance(index, dict) else None
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            allowed = "a record index entry ({'file': ..., 'sha256': 64 lowercase hex digits})"
+            raise _bad(where, f"{field}.index", index, allowed)
+        check_shard_file(index.get("file"), f"{field}.index.file", where)
+
+
+def _sparse_counts(where: str, field: str, value: Any, names: list[str]) -> None:
+    """A shard's stored class counts (see :func:`sparse_counts`), with labels that have a
+    class name."""
+    allowed = "{'classes': [labels], 'counts': [a count per label]}"
+    if not isinstance(value, dict):
+        raise _bad(where, field, value, allowed)
+    labels, counts = value.get("classes", _MISSING), value.get("counts", _MISSING)
+    if not isinstance(labels, list) or not all(checks.is_int(c) for c in labels):
+        raise _bad(where, f"{field}.classes", labels, "a list of labels")
+    if len(set(labels)) != len(labels):
+        raise _bad(where, f"{field}.classes", labels, "a list of distinct labels")
+    beyond = [label for label in labels if not 0 <= label < len(names)]
+    if beyond:
+        raise _bad(
+            where,
+            f"{field}.classes",
+            labels,
+            f"labels from 0 to {len(names) - 1}: class_names has {len(names)} names, so label "
+            f"{beyond[0]} has none (the class names and the records' labels disagree)",
+        )
+    if (
+        not isinstance(counts, list)
+        or len(counts) != len(labels)
+        or not all(checks.is_int(c) and c >= 0 for c in counts)
+    ):
+        raise _bad(where, f"{field}.counts", counts, f"{len(labels)} counts, one per label")
 
 
 def sparse_counts(counts: dict[int, int]) -> dict[str, list[int]]:
@@ -257,4 +377,5 @@ def load(path: str | os.PathLike | Manifest) -> Manifest:
         if storage.exists(storage.join(directory, WORK_DIR)):
             hint = " (a conversion started there but did not finish: run the same convert again)"
         raise ChuteError(f"No {MANIFEST_NAME} in {directory!r}: not a chute dataset{hint}")
-    return Manifest.from_json(storage.read_bytes(file).decode("utf-8"), location=directory)
+    text = storage.read_bytes(file).decode("utf-8")
+    return Manifest.from_json(text, location=directory, file=file)

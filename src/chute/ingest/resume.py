@@ -369,18 +369,27 @@ def _outputs(output: str) -> list[str]:
         name
         for name in storage.listdir(output)
         if _is_shard(name)
-        or name in (manifest_lib.MANIFEST_NAME, REJECTS_NAME, SOURCE_FILES, WORK_DIR)
+        or name
+        in (manifest_lib.MANIFEST_NAME, REJECTS_NAME, SOURCE_FILES, WORK_DIR, record_index.FOLDER)
     ]
 
 
 def remove_orphans(output: str, planned: set[str]) -> None:
     """Deletes shard files in ``output`` that the current plan does not name (left by
-    an interrupted run under another plan): a finished folder holds only its own."""
-    planned = planned | {record_index.index_name(name) for name in planned}
+    an interrupted run under another plan): a finished folder holds only its own. Record
+    indexes beside the shards (where chute wrote them before their ``index/`` folder) go
+    too: this run writes its shards' indexes into the folder."""
     for name in storage.listdir(output):
         if _is_shard(name) and name not in planned:
             log.info("removing %s, a shard of an earlier plan", name)
             storage.remove(storage.join(output, name))
+    folder = record_index.folder(output)
+    if storage.isdir(folder):
+        indexes = {record_index.index_name(name) for name in planned}
+        for name in storage.listdir(folder):
+            if name not in indexes:
+                log.info("removing %s/%s, an index of an earlier plan", record_index.FOLDER, name)
+                storage.remove_if_exists(storage.join(folder, name))
 
 
 def _is_shard(name: str) -> bool:

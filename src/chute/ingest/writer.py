@@ -1,11 +1,11 @@
 """The one shard-writing core of a conversion, for the local converter and Beam alike.
 
 A shard is written from its encoded records in plan order, with its record
-index (:mod:`chute.format.index`) beside it. Each record's :func:`fate` is to
-be kept, dropped as a leak (a higher split already holds its content) or
-rejected (the reason the encoder gave). The shard goes to a temporary name of
-this attempt's own and is renamed into place when complete (its index just
-before it, the same way); then its note, the shard's manifest entry plus each
+index (:mod:`chute.format.index`) in the output's ``index/`` folder. Each
+record's :func:`fate` is to be kept, dropped as a leak (a higher split already
+holds its content) or rejected (the reason the encoder gave). The shard goes to
+a temporary name of this attempt's own and is renamed into place when complete
+(its index just before it, the same way); then its note, the shard's manifest entry plus each
 record's content hash and fate, goes to ``OUT/.chute-work/NAME.json`` (see
 :func:`note_path`) the same way. A re-run keeps the shards that have a note
 (:func:`load_note`) and rebuilds what they hold from it; two attempts at one
@@ -135,7 +135,7 @@ def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | No
     if not (storage.exists(note_path(output, name)) and storage.exists(shard)):
         return None
     info = read_note(output, name)
-    index_path = storage.join(output, record_index.index_name(name))
+    index_path = record_index.index_path(output, record_index.index_name(name))
     if "index" not in info or not storage.exists(index_path):
         return None
     if storage.size(shard) != info["bytes"]:
@@ -172,10 +172,10 @@ class ShardWriter:
     Records arrive already framed (see :mod:`chute.format.records`). The
     writer keeps the sha256, size, record count and per-class counts the
     manifest needs, and each record's length: when the shard is complete, its
-    record index (:mod:`chute.format.index`) is written beside it the same way
-    (a temporary name, renamed into place just before the shard). On an error
-    inside the ``with`` block the partial file is deleted; on success its data
-    reach the disk before the rename.
+    record index (:mod:`chute.format.index`) is written the same way into the
+    ``index/`` folder beside it (a temporary name, renamed into place just before
+    the shard). On an error inside the ``with`` block the partial file is
+    deleted; on success its data reach the disk before the rename.
 
     The temporary file is ``tmp_dir/NAME.partial`` (beside the shard without
     ``tmp_dir``), or ``tmp_name`` there: a name of its own per attempt lets two
@@ -223,17 +223,20 @@ class ShardWriter:
         self._handle.close()
         index = record_index.RecordIndex.from_lengths(self._lengths).to_bytes()
         index_tmp = self._tmp.removesuffix(".partial") + record_index.SUFFIX + ".partial"
+        name = storage.basename(self.path)
+        location = storage.dirname(self.path)
+        index_path = record_index.index_path(location, record_index.index_name(name))
         try:
             with storage.open_file(index_tmp, "wb") as handle:
                 handle.write(index)
                 storage.sync(handle)
-            storage.rename(index_tmp, record_index.index_name(self.path))
+            storage.makedirs(record_index.folder(location))
+            storage.rename(index_tmp, index_path)
         except BaseException:
             storage.remove_if_exists(index_tmp)
             storage.remove_if_exists(self._tmp)
             raise
         storage.rename(self._tmp, self.path)
-        name = storage.basename(self.path)
         self.info = {
             "file": name,
             "num_records": self._class_counts.total(),

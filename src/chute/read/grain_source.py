@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import logging
 import operator
 import os
 import threading
@@ -38,6 +39,7 @@ from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
 from chute.format import parse, records, storage
 
+log = logging.getLogger(__name__)
 _REMOTE_THREADS = 16  # record indexes on a bucket are read in parallel
 
 
@@ -87,6 +89,9 @@ class GrainSource:
         shards = manifest.splits[split]["shards"]
         self._paths = [storage.join(manifest.location, shard["file"]) for shard in shards]
         self._local = [storage.is_local(path) and hasattr(os, "pread") for path in self._paths]
+        for path, local in zip(self._paths, self._local, strict=True):
+            if local and not os.path.exists(storage.local_path(path)):  # before any read
+                raise _missing(self.location, self.split, path)
         self._starts = [0]  # record number of each shard's first record, then the total
         self._offsets, self._lengths = array("Q"), array("Q")
         for index in _indexes(manifest.location, shards):
@@ -137,12 +142,15 @@ class GrainSource:
             for fd in self._fds.values():
                 os.close(fd)  # this process's copy; the parent's stays open
             self._open()
-        if self._local[shard]:
-            data = os.pread(self._fd(shard), size, offset)
-        else:
-            handle = self._handle(shard)
-            handle.seek(offset)
-            data = handle.read(size)
+        try:
+            if self._local[shard]:
+                data = os.pread(self._fd(shard), size, offset)
+            else:
+                handle = self._handle(shard)
+                handle.seek(offset)
+                data = handle.read(size)
+        except FileNotFoundError:  # gone since the source was made, or on a bucket
+            raise _missing(self.location, self.split, self._paths[shard]) from None
         if len(data) != size:
             raise ChuteError(
                 f"{storage.basename(self._paths[shard])} of {self.location!r} ends before "
@@ -197,11 +205,28 @@ class GrainSource:
         return f"GrainSource(location={self.location!r}, split={self.split!r}, records={len(self)})"
 
 
+def _missing(location: str, split: str, path: str) -> ChuteError:
+    return ChuteError(
+        f"Shard {storage.basename(path)} of the {split} split of {location!r} is missing "
+        f"(the manifest lists it; no file is there). Check the dataset with "
+        f"`chute verify {location}`"
+    )
+
+
 def _indexes(location: str, shards: list[dict]) -> list[record_index.RecordIndex]:
     """Each shard's record index, checked against the manifest (in parallel on a bucket)."""
     unindexed = next((shard for shard in shards if not shard.get("index")), None)
     if unindexed is not None:  # one clear error, naming `chute index`, before any read
         record_index.load(location, unindexed)
+    # An older chute's layout is read (record_index.load finds it there); said once.
+    if shards and record_index.in_old_layout(location, shards[0]["index"]["file"]):
+        log.warning(
+            "%s: the record indexes are beside the shards, where shard globs (train-*) "
+            "read them as TFRecords: `chute index %s` moves them into %s/",
+            location,
+            location,
+            record_index.FOLDER,
+        )
     threads = 1 if storage.is_local(location) else _REMOTE_THREADS
     with ThreadPoolExecutor(max(1, min(threads, len(shards)))) as pool:
         return list(pool.map(lambda shard: record_index.load(location, shard), shards))

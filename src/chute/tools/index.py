@@ -3,16 +3,22 @@
 Each shard without a good index is read once, from start to end, in plain
 Python: every record's CRCs are checked, the shard's sha256, size and record
 count are compared with the manifest, and its index (see
-:mod:`chute.format.index`) is written beside it atomically. The manifest is
-then rewritten atomically with each shard's ``index`` entry; the shards stay
-as they are, byte for byte. Shards whose index is already there, with the
-manifest's sha256, are left alone, so a dataset indexed already is a no-op,
-and an index file that was deleted or damaged is written again.
+:mod:`chute.format.index`) is written atomically into the dataset's ``index/``
+folder. The manifest is then rewritten atomically with each shard's ``index``
+entry; the shards stay as they are, byte for byte. Shards whose index is
+already there, with the manifest's sha256, are left alone, so a dataset
+indexed already is a no-op, and an index file that was deleted or damaged is
+written again.
+
+First, indexes that an older chute wrote beside the shards (where shard globs
+such as ``train-*`` read them as TFRecords) are moved into ``index/``, so that
+afterwards only shards match a shard glob; the manifest, which names each index
+by its file name, stays as it is for them.
 
 Example:
     >>> report = index("./kn-shards")  # doctest: +SKIP
-    >>> report.written, report.already_indexed  # doctest: +SKIP
-    (['train-00000-of-00016.tfrecord', ...], False)
+    >>> report.written, report.moved, report.already_indexed  # doctest: +SKIP
+    (['train-00000-of-00016.tfrecord', ...], [], False)
 """
 
 from __future__ import annotations
@@ -42,16 +48,20 @@ class IndexReport:
         location: the dataset directory.
         num_shards: shards in the dataset.
         written: the shards whose index was written now, in manifest order.
+        moved: the shards whose index was beside them (an older chute's layout) and was
+            moved into the dataset's ``index/`` folder, in manifest order.
     """
 
     location: str
     num_shards: int = 0
     written: list[str] = dataclasses.field(default_factory=list)
+    moved: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def already_indexed(self) -> bool:
-        """True when every shard had its index already: nothing was written."""
-        return not self.written
+        """True when every shard had its index already, in its place: nothing was written
+        or moved."""
+        return not self.written and not self.moved
 
 
 def index(
@@ -68,7 +78,8 @@ def index(
         progress: called as ``progress("index", shards_done, shards_to_index)``.
 
     Returns:
-        An :class:`IndexReport`; ``report.already_indexed`` when there was nothing to do.
+        An :class:`IndexReport`; ``report.already_indexed`` when there was nothing to do,
+        ``report.moved`` the shards whose index was moved out of the shards' globs.
 
     Raises:
         ChuteError: no dataset there, or a shard is missing, truncated, corrupt (a CRC)
@@ -82,12 +93,22 @@ def index(
     manifest = manifest_lib.load(path)
     shards = [shard for split in manifest.splits.values() for shard in split["shards"]]
     report = IndexReport(manifest.location, num_shards=len(shards))
+    threads = 1 if storage.is_local(manifest.location) else _REMOTE_THREADS
+    with ThreadPoolExecutor(max(1, min(threads, len(shards)))) as pool:
+        moved = list(pool.map(lambda shard: _move_old_layout(manifest.location, shard), shards))
+    report.moved = [shard["file"] for shard, done in zip(shards, moved, strict=True) if done]
+    if report.moved:
+        log.info(
+            "%s: moved %d record index(es) from beside the shards into %s/",
+            report.location,
+            len(report.moved),
+            record_index.FOLDER,
+        )
     todo = [shard for shard in shards if not _has_index(manifest.location, shard)]
     if not todo:
         log.info("%s: all %d shards have their record index already", report.location, len(shards))
         return report
     log.info("%s: indexing %d of %d shards", report.location, len(todo), len(shards))
-    threads = 1 if storage.is_local(manifest.location) else _REMOTE_THREADS
     entries = {}
     with ThreadPoolExecutor(min(threads, len(todo))) as pool:
         work = pool.map(lambda shard: _index_shard(manifest.location, shard), todo)
@@ -102,16 +123,39 @@ def index(
     return report
 
 
+def _move_old_layout(location: str, shard: dict[str, Any]) -> bool:
+    """Moves the shard's index from beside it (where an older chute wrote it) into the
+    ``index/`` folder; True when one was moved. Where the folder holds the manifest's index
+    already, the one beside the shard is a leftover and is deleted."""
+    entry = shard.get("index")
+    name = entry["file"] if entry else record_index.index_name(shard["file"])
+    old = record_index.old_path(location, name)
+    if not storage.exists(old):
+        return False
+    new = record_index.index_path(location, name)
+    if entry and storage.exists(new) and _good(new, entry):
+        log.info("%s: deleting %s, a copy of %s", shard["file"], old, new)
+        storage.remove(old)
+        return True
+    storage.makedirs(record_index.folder(location))
+    storage.rename(old, new)  # checked against the manifest next, like any index
+    return True
+
+
+def _good(path: str, entry: dict[str, str]) -> bool:
+    return record_index.sha256(storage.read_bytes(path)) == entry["sha256"]
+
+
 def _has_index(location: str, shard: dict[str, Any]) -> bool:
     """Whether the shard's index is named in the manifest and there with its sha256."""
     entry = shard.get("index")
     if not entry:
         return False
-    path = storage.join(location, entry["file"])
+    path = record_index.index_path(location, entry["file"])
     if not storage.exists(path):
         log.info("%s: its record index %s is missing: writing it again", shard["file"], path)
         return False
-    if record_index.sha256(storage.read_bytes(path)) != entry["sha256"]:
+    if not _good(path, entry):
         log.warning("%s differs from the manifest (sha256): writing it again", path)
         return False
     return True
@@ -140,5 +184,7 @@ def _index_shard(location: str, shard: dict[str, Any]) -> dict[str, str]:
             f"check it with `chute verify {location}` and convert the dataset again"
         )
     data = found.to_bytes()
-    storage.write_atomic(storage.join(location, record_index.index_name(name)), data)
+    path = record_index.index_path(location, record_index.index_name(name))
+    storage.makedirs(record_index.folder(location))
+    storage.write_atomic(path, data)
     return record_index.entry(name, data)

@@ -6,7 +6,10 @@ manifest's spec (size, channels, encoding); every label is in range; the
 record count and per-class counts match; and, where the manifest names one,
 the shard's record index (:mod:`chute.format.index`) is there with the
 manifest's sha256 and gives every record's true offset and length. Indexes
-are optional (``chute index`` adds them to a dataset converted without).
+are optional (``chute index`` adds them to a dataset converted without, and
+moves those an older chute wrote beside the shards into ``index/``).
+A damaged shard is named with the record where reading stopped and its byte
+offset.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class VerifyReport:
         num_shards: shards checked.
         num_records: records read.
         num_indexes: shards with a record index named in the manifest (each checked).
+        old_layout_indexes: of those, the indexes found beside their shard (an older
+            chute's layout, read by shard globs: ``chute index`` moves them).
         problems: ``(shard file, what is wrong)`` pairs; empty when all is well.
     """
 
@@ -47,6 +52,7 @@ class VerifyReport:
     num_shards: int = 0
     num_records: int = 0
     num_indexes: int = 0
+    old_layout_indexes: int = 0
     problems: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
@@ -83,9 +89,8 @@ def verify(
         count, class_counts, shards_ok = 0, [0] * manifest.num_classes, True
         for shard in split["shards"]:
             problems, read, read_counts = _check_shard(manifest, shard)
-            for problem in problems:
-                report.problems.append((shard["file"], problem))
-                log.warning("%s: %s", shard["file"], problem)
+            # kept in the report, not logged: the command prints each problem once
+            report.problems += [(shard["file"], problem) for problem in problems]
             shards_ok = shards_ok and not problems
             count += read
             if read_counts:
@@ -93,6 +98,7 @@ def verify(
             report.num_shards += 1
             report.num_records += read
             report.num_indexes += bool(shard.get("index"))
+            report.old_layout_indexes += _old_layout(manifest.location, shard)
             if progress:
                 progress("verify", report.num_shards, total_shards)
         # The split's totals are what readers use for step counts: they must
@@ -135,12 +141,20 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> tuple[list[str
     return problems, count, class_counts
 
 
+def _old_layout(location: str, shard: dict) -> bool:
+    """Whether the shard's index is read from beside it (an older chute's layout)."""
+    entry = shard.get("index")
+    if not entry:
+        return False
+    return record_index.in_old_layout(location, entry["file"])
+
+
 def _check_index(location: str, shard: dict, readable: str) -> list[str]:
     """Problems of a shard's record index: missing, not the manifest's sha256, not an
     index, or offsets and lengths that are not the records' (read from ``readable``)."""
-    name = shard["index"]["file"]
-    path = storage.join(location, name)
-    if not storage.exists(path):
+    path = record_index.find(location, shard["index"]["file"])
+    name = record_index.shown(location, shard["index"]["file"], path)
+    if path is None:
         return [f"record index missing: {name} is not there (run `chute index` to write it)"]
     data = storage.read_bytes(path)
     problems = []
@@ -226,6 +240,8 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
         .map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .batch(1024)
     )
+    # `count` moves a batch at a time: where a batch fails, the message names the record
+    # found by reading again from the batch's start (the failure path only).
     count = 0
     class_counts = np.zeros(num_classes, np.int64)
     try:
@@ -250,16 +266,35 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
             class_counts += np.bincount(labels, minlength=num_classes)
             count += len(labels)
     except tf.errors.DataLossError:
-        return (
-            count,
-            [],
-            f"truncated or corrupt after about {count} records (record CRC or length is wrong)",
-        )
+        return count, [], _damage(path, count)
     except tf.errors.InvalidArgumentError as error:
+        number = _first_failing(tf.data.TFRecordDataset(path).skip(count).map(check), count)
         return (
             count,
             [],
-            f"a record after about {count} records does not parse or decode: "
-            f"{error.message.splitlines()[0]}",
+            f"record {number} does not parse or decode: {error.message.splitlines()[0]}",
         )
     return count, class_counts.tolist(), None
+
+
+def _damage(path: str, count: int) -> str:
+    """What TensorFlow's DataLossError was: the record whose length or CRC is wrong or
+    that is cut short, and its byte offset (one plain-Python pass over the framing)."""
+    try:
+        with storage.open_file(path, "rb") as handle:
+            record_index.scan(handle, where="the shard")
+    except ChuteError as error:
+        return str(error)
+    return f"truncated or corrupt after record {count} (a record's CRC or length is wrong)"
+
+
+def _first_failing(dataset: tf.data.Dataset, first: int) -> int:
+    """The number of the first record of ``dataset`` (records from number ``first``, one
+    at a time) whose check raises."""
+    number = first
+    try:
+        for _ in dataset:
+            number += 1
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError):
+        pass
+    return number
