@@ -25,6 +25,11 @@ round), each run reporting each row's median and the median of the per-round rat
   ``tf.image.resize`` to 224x224 (float32, as it returns) -> ``batch`` -> ``prefetch``).
 * glyphs, images/s: the tf.data engine (``cache=None``) and the Grain engine (N = the
   cores, and 0).
+* workers (``--grain-workers-only`` keeps only these rows): the Grain engine with worker
+  processes (N = the cores) against threads in the calling process (``workers=0``, what
+  ``workers=None`` falls back to where a script's top level would be run again by the
+  spawned workers), photos and glyphs: images/s and images per CPU-second (this process
+  and its workers together).
 * random reads: ``chute.grain_source(shards)[i]`` at random ``i``, microseconds per record,
   for the photo and the glyph shards (every record read once before, untimed: the page
   cache is warm and the files are open).
@@ -229,6 +234,7 @@ class Cpu:
         children += end["reaped"] - start["reaped"] - gone
         main = end["self"] - start["self"]
         return {
+            "cpu_s": main + children,
             "cpu_pct": round(100 * (main + children) / wall, 1),
             "cpu_main_pct": round(100 * main / wall, 1),
             "cpu_children_pct": round(100 * children / wall, 1),
@@ -275,6 +281,7 @@ def stream(make, seconds: float, warmup: float) -> dict:
     steps = info.steps if info is not None else None
     result = {
         "images_per_s": images / elapsed,
+        "images_per_cpu_s": images / max(used["cpu_s"], 1e-9),
         "seconds": elapsed,
         "batches": batches,
         "build_s": build_s,
@@ -355,8 +362,10 @@ def rows_of(args, photos: str | None, glyphs: str | None) -> dict:
     n = cores()
     photo = {"image_size": SIZE, "augment": "crop,flip"}
     rows = {}
-    if photos:
+    others = not args.grain_workers_only  # the tf.data engine and the codelab too
+    if photos and others:
         rows["photos: tf engine"] = ("images", tf_engine(photos, PHOTO_BATCH, **photo))
+    if photos:
         rows[f"photos: grain engine, workers={n}"] = (
             "images",
             grain_engine(photos, PHOTO_BATCH, n, **photo),
@@ -365,12 +374,14 @@ def rows_of(args, photos: str | None, glyphs: str | None) -> dict:
             "images",
             grain_engine(photos, PHOTO_BATCH, 0, **photo),
         )
+    if photos and others:
         rows["photos: codelab plain pipeline (no augmentation)"] = (
             "images",
             codelab(photos, PHOTO_BATCH),
         )
-    if glyphs:
+    if glyphs and others:
         rows["glyphs: tf engine"] = ("images", tf_engine(glyphs, GLYPH_BATCH))
+    if glyphs:
         rows[f"glyphs: grain engine, workers={n}"] = (
             "images",
             grain_engine(glyphs, GLYPH_BATCH, n),
@@ -410,12 +421,27 @@ def ratios_of(rates: dict) -> dict:
             "glyphs: grain engine, workers=0",
             "glyphs: tf engine",
         ),
+        f"photos: grain threads (workers=0) / processes (workers={n})": (
+            "photos: grain engine, workers=0",
+            f"photos: grain engine, workers={n}",
+        ),
+        f"glyphs: grain threads (workers=0) / processes (workers={n})": (
+            "glyphs: grain engine, workers=0",
+            f"glyphs: grain engine, workers={n}",
+        ),
     }
-    return {
+    ratios = {
         name: rates[top] / rates[bottom]
         for name, (top, bottom) in wanted.items()
         if top in rates and bottom in rates
     }
+    for kind in ("photos", "glyphs"):  # what each image costs in CPU, not only in time
+        threads, processes = (f"{kind}: grain engine, workers={w}" for w in (0, n))
+        if f"{threads} per CPU-s" in rates and f"{processes} per CPU-s" in rates:
+            ratios[f"{kind}: grain images per CPU-second, threads / processes"] = (
+                rates[f"{threads} per CPU-s"] / rates[f"{processes} per CPU-s"]
+            )
+    return ratios
 
 
 def machine() -> str:
@@ -437,8 +463,9 @@ def machine() -> str:
 
 def table(summary: dict) -> str:
     lines = [
-        "| row | images/s (per round) | CPU % (main + workers) | build s | start s | epoch s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| row | images/s (per round) | images per CPU-s | CPU % (main + workers) | build s "
+        "| start s | epoch s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in summary["rows"].items():
         if "images_per_s" not in row:
@@ -446,7 +473,8 @@ def table(summary: dict) -> str:
         rounds = ", ".join(f"{v:,.0f}" for v in row["rounds"])
         epoch = f"{row['epoch_s']:.2f}" if "epoch_s" in row else "-"
         lines.append(
-            f"| {name} | {row['images_per_s']:,.0f} ({rounds}) | {row['cpu_pct']:.0f} "
+            f"| {name} | {row['images_per_s']:,.0f} ({rounds}) | "
+            f"{row.get('images_per_cpu_s', 0):,.0f} | {row['cpu_pct']:.0f} "
             f"({row['cpu_main_pct']:.0f} + {row['cpu_children_pct']:.0f}) | "
             f"{row['build_s']:.2f} | {row['start_s']:.2f} | {epoch} |"
         )
@@ -485,6 +513,10 @@ def main() -> None:
         "--only", nargs="+", default=["photos", "glyphs", "reads", "state"],
         choices=("photos", "glyphs", "reads", "state"), help="run only these parts",
     )  # fmt: skip
+    parser.add_argument(
+        "--grain-workers-only", action="store_true",
+        help="image rows: only the Grain engine's worker processes against its threads",
+    )  # fmt: skip
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
 
@@ -519,6 +551,10 @@ def main() -> None:
             }
             print(f"round {number + 1}: {name}: {json.dumps(shown)}", flush=True)
         rates = {k: v["images_per_s"] for k, v in measured.items() if "images_per_s" in v}
+        rates.update(
+            {f"{k} per CPU-s": v["images_per_cpu_s"] for k, v in measured.items()
+             if "images_per_cpu_s" in v}
+        )  # fmt: skip
         runs.append({"rows": measured, "ratios": ratios_of(rates)})
 
     n = cores()

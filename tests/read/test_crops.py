@@ -5,6 +5,7 @@ augmentation left to the device."""
 from __future__ import annotations
 
 import collections
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,45 @@ def test_evaluation_takes_the_centre_crop_predict_takes(photos):
         for r in all_records(photos)
     ]
     assert sorted(x.tobytes() for x in got) == sorted(x.tobytes() for x in expected)
+
+
+# TensorFlow's x86-64 wheels compute resizes without fused multiply-adds, as NumPy does; a
+# build that fuses them (ARM's may) can round a pixel whose exact value is a .5 the other way.
+_EXACT_RESIZE = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _same_pixels(got: np.ndarray, expected: np.ndarray) -> None:
+    if _EXACT_RESIZE:
+        np.testing.assert_array_equal(got, expected)
+    else:
+        assert np.abs(got.astype(int) - expected.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("size", [(16, 16), (30, 30), (56, 42)])
+def test_the_grain_engine_evaluates_with_the_tf_engines_pixels_at_any_size(photos, size):
+    """Photos stored at shorter side 40, evaluated smaller (where a JPEG could be decoded
+    at half scale), at a size that is no simple fraction, and larger."""
+    options = dict(batch_size=BATCH, image_size=size, training=False)
+    on_grain = [b[0] for b in chute.load(photos, engine="grain", workers=0, **options)]
+    on_tf = [images.numpy() for images, _ in chute.load(photos, **options)]
+    _same_pixels(np.concatenate(on_grain), np.concatenate(on_tf))
+
+
+@pytest.mark.parametrize("method", ["bilinear", "nearest"])
+def test_the_grain_engines_resize_is_tensorflows(method):
+    """The evaluation resize of the Grain engine's workers, NumPy alone, against
+    ``tf.image.resize`` then ``round``: random sizes up and down, 1 and 3 channels."""
+    import tensorflow as tf
+
+    from chute.image import crop
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        height, width, out_height, out_width = (int(n) for n in rng.integers(1, 90, 4))
+        pixels = rng.integers(0, 256, (height, width, int(rng.choice([1, 3]))), np.uint8)
+        expected = tf.image.resize(pixels, (out_height, out_width), method=method).numpy()
+        expected = np.clip(np.round(expected), 0, 255).astype(np.uint8)
+        _same_pixels(crop.resized(pixels, (out_height, out_width), method), expected)
 
 
 def test_heavy_augmentation_on_the_device_is_left_out_of_the_pipeline(photos):

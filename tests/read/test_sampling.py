@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,29 @@ def test_a_class_without_examples_is_never_drawn(imbalanced, caplog):
     assert class_probabilities(manifest, "train", None) is None
     with pytest.raises(ChuteError, match="`sampling` weighs only classes with no examples"):
         probabilities(["a", "b"], [0, 5], (("a", 1.0),))
+
+
+@pytest.mark.parametrize("cache", [None, "memory"])
+def test_skip_corrupt_counts_a_damaged_shard_once_an_epoch_whatever_reads_it(
+    imbalanced, tmp_path, cache
+):
+    """Both class streams read the damaged shard, the large class's several times over
+    without a cache: corrupt_count() is still the records the shard lost, each epoch."""
+    out = Path(shutil.copytree(imbalanced, tmp_path / "out"))
+    shard = Path(chute.load_manifest(out).shard_paths("train")[1])
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a record in the middle fails its CRC: the rest is lost
+    shard.write_bytes(bytes(data))
+    plain = chute.load(out, "train", batch_size=BATCH, training=False, skip_corrupt=True)
+    lost = 510 - sum(int(labels.shape[0]) for _, labels in plain)
+    assert plain.chute.corrupt_count() == lost > 0
+    sampled = chute.load(out, "train", batch_size=BATCH, sampling="balanced", seed=3,
+                         skip_corrupt=True, cache=cache)  # fmt: skip
+    counts = []
+    for _ in range(2):
+        assert sum(_labels(sampled).values()) == 510 // BATCH * BATCH
+        counts.append(sampled.chute.corrupt_count())
+    assert counts == [lost, lost]
 
 
 def test_each_input_pipeline_samples_the_classes_of_its_own_shards(imbalanced):

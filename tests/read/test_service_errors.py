@@ -1,11 +1,14 @@
-"""The tf.data service's failure modes: a dispatcher that is not there (a bounded wait, an
-error naming the address), a port another program holds (one line, not a traceback), and
-the warning every server start logs (no authentication, every interface).
+"""The tf.data service's failure modes: a dispatcher that is not there, or a port that does
+not answer as one (a bounded wait, an error naming the address), a port another program
+holds (one line, not a traceback), and the warning every server start logs (no
+authentication, every interface).
 
 Servers are never left running: a port is taken by a plain socket on 127.0.0.1 so that
 TensorFlow's server fails to start, TensorFlow's server classes are replaced by stand-ins
-where only chute's side is tested, and the one real dispatcher runs in a child process
-that is stopped.
+where only chute's side is tested, the programs that are not dispatchers (a socket that
+never answers, an HTTP server) and a gRPC server answering as one run in threads of this
+process and are stopped on exit, and the one real dispatcher runs in a child process that
+is stopped.
 """
 
 from __future__ import annotations
@@ -71,27 +74,118 @@ def test_the_wait_has_a_documented_default_and_is_checked():
             LoadOptions(data_service_timeout=bad)
 
 
+@contextlib.contextmanager
+def _answering_like_a_dispatcher(port: int):
+    """A gRPC server on 127.0.0.1:``port`` that answers the call a dispatcher answers first
+    (its version), as TensorFlow's does; stopped on exit."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    version = grpc.unary_unary_rpc_method_handler(lambda request, context: b"\x08\x09")
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "tensorflow.data.DispatcherService", {"GetVersion": version}
+            )
+        ]
+    )
+    assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop(grace=None).wait(10)
+
+
 def test_a_dispatcher_that_comes_up_while_waiting_is_found(caplog):
     port = _closed_port()
-    ready = threading.Event()
+    ready, done = threading.Event(), threading.Event()
 
     def listen_later():
         time.sleep(1.0)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", port))
-            s.listen()
+        with _answering_like_a_dispatcher(port):
             ready.set()
-            s.accept()[0].close()
+            done.wait(30)
 
     thread = threading.Thread(target=listen_later, daemon=True)
     thread.start()
-    with caplog.at_level(logging.INFO, logger="chute.read.service"):
-        service.wait_for_dispatcher(f"grpc://127.0.0.1:{port}", timeout=30)
-    thread.join(timeout=10)
+    try:
+        with caplog.at_level(logging.INFO, logger="chute.read.service"):
+            service.wait_for_dispatcher(f"grpc://127.0.0.1:{port}", timeout=30)
+    finally:
+        done.set()
+        thread.join(timeout=20)
     assert ready.is_set()
     assert f"waiting up to 30 s for the tf.data service dispatcher at grpc://127.0.0.1:{port}" in (
         caplog.text
     )
+
+
+@contextlib.contextmanager
+def _silent_server():
+    """A port on 127.0.0.1 whose program accepts connections and never says a word (a
+    dispatcher that hangs); its connections and socket closed on exit."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for connection in held:
+            connection.close()
+        listener.close()
+
+
+@contextlib.contextmanager
+def _http_server():
+    """A plain HTTP server on 127.0.0.1 (not a dispatcher), shut down on exit."""
+    import http.server
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("server", [_silent_server, _http_server], ids=["silent", "http"])
+def test_load_from_a_port_that_is_not_a_dispatcher_fails_within_the_timeout(shared_dataset, server):
+    """TensorFlow would wait inside the dataset's registration (past 90 s): the whole of
+    chute's wait, the gRPC answer included, is bounded by data_service_timeout."""
+    with server() as port:
+        started = time.monotonic()
+        with pytest.raises(ChuteError) as error:
+            chute.load(shared_dataset, data_service=f"127.0.0.1:{port}", data_service_timeout=2)
+        waited = time.monotonic() - started
+    assert waited < 2 + 10, waited
+    message = str(error.value)
+    assert f"no tf.data service dispatcher answered at grpc://127.0.0.1:{port} within 2 s" in (
+        message
+    )
+    assert f"A program accepts connections on port {port} there but does not answer" in message
+    assert f"`chute data-service dispatcher --port {port}`" in message
+    assert "data_service_timeout (--data-service-timeout SECONDS)" in message
+    assert f"Received: data_service='grpc://127.0.0.1:{port}'" in message
 
 
 def test_train_with_no_dispatcher_fails_within_the_timeout(shared_dataset, tmp_path):

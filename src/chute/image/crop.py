@@ -11,12 +11,16 @@ The same operations as :mod:`chute.image.tf_ops`, with the same windows:
   aspect ratio over ``crop_fraction`` of the shorter side, computed as
   ``tf_ops.centre_crop`` computes it (same rounding).
 
-A JPEG is decoded at 1/2, 1/4 or 1/8 of its size (libjpeg's DCT scaling,
-through OpenCV) when the window still covers the output at that scale: most of
-a large photo's decoding is skipped. Resizing is bilinear (or the dataset's
-interpolation) on float32 pixels rounded back to uint8, as ``tf.image.resize``
-then ``round`` does: images stored at the output size and evaluated uncropped
-are the stored pixels, exactly as the tf.data engine reads them.
+In training, a JPEG is decoded at 1/2, 1/4 or 1/8 of its size (libjpeg's DCT
+scaling, through OpenCV) when the window still covers the output at that scale:
+most of a large photo's decoding is skipped. Evaluation (``exact``) decodes the
+whole image, as the tf.data engine does, and resizes as ``tf.image.resize`` then
+``round``: for bilinear (the default) and nearest, the same float32 operations
+in the same order as TensorFlow's CPU kernels, so the pixels are the tf.data
+engine's, bit for bit (OpenCV's float resize rounds a pixel in ~0.1% to the next
+level). Bicubic, area and lanczos are OpenCV's (Keys a=-0.75, its own area
+weights, Lanczos-4): several levels from TensorFlow's. Images stored at the
+output size and evaluated uncropped are the stored pixels.
 
 Example:
     >>> centre_window(256, 320, (224, 224), 0.875)
@@ -133,9 +137,10 @@ def window_pixels(
     *,
     exact: bool = True,
 ) -> np.ndarray:
-    """The ``window`` of a stored image resized to ``size``: HxWxC uint8. A JPEG is
-    decoded at the smallest DCT scale that still covers ``size`` with the window.
-    ``exact=False`` resamples uint8 directly (faster; within a level of the exact one).
+    """The ``window`` of a stored image resized to ``size``: HxWxC uint8. With
+    ``exact=False`` (training) a JPEG is decoded at the smallest DCT scale that still
+    covers ``size`` with the window, and uint8 is resampled directly (faster; within a
+    level or two of the exact pixels); ``exact`` gives ``tf_ops.centre_crop``'s pixels.
 
     Example:
         >>> pixels = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
@@ -144,7 +149,7 @@ def window_pixels(
     """
     top, left, height, width = window
     reduce = 1
-    if encoding == "jpeg":
+    if encoding == "jpeg" and not exact:  # a scaled decode is not the whole one, resized
         for factor in (8, 4, 2):
             if height // factor >= size[0] and width // factor >= size[1]:
                 reduce = factor
@@ -160,9 +165,10 @@ def window_pixels(
 def resized(
     pixels: np.ndarray, size: tuple[int, int], interpolation: str, *, exact: bool = True
 ) -> np.ndarray:
-    """HxWxC uint8 at ``size`` (the same array when it is already), resampled in float32
-    and rounded, as ``tf.image.resize`` then ``round`` (``exact=False``: in uint8, OpenCV's
-    fixed-point arithmetic, within a level of it and faster).
+    """HxWxC uint8 at ``size`` (the same array when it is already), resampled as
+    ``tf.image.resize`` then ``round``: bit for bit for bilinear and nearest, OpenCV's
+    float32 filter for the others (``exact=False``: OpenCV's fixed-point arithmetic on
+    uint8, faster, within a level or two).
 
     Example:
         >>> resized(np.full((4, 4, 1), 7, np.uint8), (2, 2), "bilinear")[..., 0]
@@ -172,6 +178,11 @@ def resized(
     if pixels.shape[:2] == tuple(size):
         return pixels
     channels = pixels.shape[2]
+    if exact and interpolation == "bilinear":
+        return _bilinear(pixels, size)
+    if exact and interpolation == "nearest":
+        rows, cols = _nearest(size[0], pixels.shape[0]), _nearest(size[1], pixels.shape[1])
+        return pixels[rows][:, cols]
     if not exact:
         out = cv2.resize(pixels, (size[1], size[0]), interpolation=FILTERS[interpolation])
         return out.reshape(size[0], size[1], channels)
@@ -182,3 +193,40 @@ def resized(
     )
     out = np.clip(np.round(out), 0, 255).astype(np.uint8)
     return out.reshape(size[0], size[1], channels)
+
+
+# TensorFlow's resize kernels (tensorflow/core/kernels/image/resize_{bilinear,nearest_
+# neighbor}_op.cc, half-pixel centres), step by step in float32 as they compute.
+
+
+def _bilinear(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``tf.image.resize(pixels, size)`` (bilinear), rounded to uint8."""
+    rows, cols = _half_pixel(size[0], pixels.shape[0]), _half_pixel(size[1], pixels.shape[1])
+    image = pixels.astype(np.float32)
+    x_lerp = cols[2][None, :, None]
+
+    def along_x(lines: np.ndarray) -> np.ndarray:
+        left, right = lines[:, cols[0]], lines[:, cols[1]]
+        return left + (right - left) * x_lerp
+
+    top, bottom = along_x(image[rows[0]]), along_x(image[rows[1]])
+    out = top + (bottom - top) * rows[2][:, None, None]
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)
+
+
+def _half_pixel(out: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bilinear sampling along one axis of ``size`` pixels resized to ``out``: each output
+    pixel's lower and upper source pixel and the upper one's weight."""
+    scale = np.float32(size) / np.float32(out)
+    position = (np.arange(out, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+    floor = np.floor(position)
+    lower = np.maximum(floor.astype(np.int64), 0)
+    upper = np.minimum(np.ceil(position).astype(np.int64), size - 1)
+    return lower, upper, position - floor
+
+
+def _nearest(out: int, size: int) -> np.ndarray:
+    """Nearest sampling along one axis: each output pixel's source pixel."""
+    scale = np.float32(size) / np.float32(out)
+    position = (np.arange(out, dtype=np.float32) + np.float32(0.5)) * scale
+    return np.minimum(np.floor(position).astype(np.int64), size - 1)

@@ -13,16 +13,24 @@ permutation, and a run resumed at batch ``j`` reads exactly the batches it
 would have read.
 
 A batch is one Grain element, made whole in Grain's worker processes
-(``workers``; one per core by default; threads with ``workers=0``): for each
-record a positioned read
-(:class:`~chute.read.grain_source.GrainSource`), a JPEG decoded at the
-smallest DCT scale that covers the crop, OpenCV's resize
-(:mod:`chute.image.crop`). Heavy augmentations (rotation, MixUp, ...) run in
-the train step (``augment_on="device"``).
+(``workers``; threads with ``workers=0``): for each record a positioned read
+(:class:`~chute.read.grain_source.GrainSource`), in training a JPEG decoded at
+the smallest DCT scale that covers the crop and OpenCV's resize, in evaluation
+the tf.data engine's pixels (:mod:`chute.image.crop`). Heavy augmentations
+(rotation, MixUp, ...) run in the train step (``augment_on="device"``).
 
 Evaluation reads every example once, in record order, each input pipeline a
 contiguous share, the last batch short or (``pad_final_batch``) padded with
 weight-0 examples and every pipeline given the largest share's batches.
+
+Worker processes (:mod:`chute.read.grain_workers`): Grain spawns them, and a spawned
+process first runs the main script again, all but what ``if __name__ ==
+"__main__":`` guards. So ``workers=None`` is one process per core where that is
+safe (a guarded script, ``chute train``, a notebook, ``python -c``) and threads
+where it is not (``chute.load`` called at a script's unguarded top level, as in
+most tutorials). Workers end when their parent does, however it ends (a watch
+thread in each), and iterators still open at exit are closed before the
+interpreter tears down the modules Grain's finalizers use.
 
 Example:
     >>> train = chute.load("./kn-shards", engine="grain", seed=0)  # doctest: +SKIP
@@ -35,6 +43,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import logging
 import os
 from typing import Any
@@ -44,6 +54,7 @@ import numpy as np
 from chute.errors import ChuteError
 from chute.image import crop
 from chute.machine import available_cores
+from chute.read import grain_workers
 from chute.read.grain_source import GrainSource
 from chute.read.plan import ReadPlan
 
@@ -230,9 +241,22 @@ def make_dataset(
     """The Grain dataset of ``plan`` over ``source`` (see the module docstring): a
     ``grain.IterDataset`` whose every ``iter()`` is the next epoch (or the one
     ``set_epoch`` names), and whose ``len()`` is the batches of an epoch."""
-    seed = plan.seed if plan.seed is not None else int.from_bytes(os.urandom(4), "little")
-    if plan.seed is None and plan.training:
-        log.info("grain engine: no seed given; this dataset's seed is %d", seed)
+    seed = plan.seed
+    if seed is None and plan.training and share.pipelines > 1:
+        # Each pipeline takes its share of one global order: a seed drawn by each would
+        # give each its own order, and shares that overlap.
+        seed = shared_seed(manifest, split)
+        log.info(
+            "grain engine: no seed given; the %d input pipelines share seed %d, derived from "
+            "the %s split's shards (the same order every run: pass seed= for another)",
+            share.pipelines,
+            seed,
+            split,
+        )
+    elif seed is None:
+        seed = int.from_bytes(os.urandom(4), "little")
+        if plan.training:
+            log.info("grain engine: no seed given; this dataset's seed is %d", seed)
     probabilities = None
     if plan.training and sampling is not None:
         probabilities = _record_probabilities(manifest, split, sampling, source)
@@ -240,7 +264,7 @@ def make_dataset(
     batches = Batches(
         source, plan, seed=seed, share=share, probabilities=probabilities, steps=steps, flip=flip
     )
-    workers = available_cores() if workers is None else workers
+    workers = grain_workers.default_workers() if workers is None else workers
     log.info(
         "grain engine: input pipeline %d of %d, %s, %d batches of %d per epoch, %d worker(s)",
         share.index,
@@ -251,6 +275,17 @@ def make_dataset(
         workers,
     )
     return _dataset_class()(batches, workers)
+
+
+def shared_seed(manifest, split: str) -> int:
+    """A seed every input pipeline derives alike from the split's shards (names, record
+    counts, checksums), without talking to the others."""
+    shards = [
+        [shard.get("file"), shard.get("num_records"), shard.get("sha256")]
+        for shard in manifest.splits[split]["shards"]
+    ]
+    digest = hashlib.sha256(json.dumps([split, shards]).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 def _record_probabilities(manifest, split: str, sampling, source: GrainSource) -> np.ndarray:
@@ -299,9 +334,10 @@ def _dataset_class():
             dataset = batches.to_iter_dataset(
                 grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(2, threads))
             )
-            if self.workers:
-                options = grain.MultiprocessingOptions(num_workers=self.workers)
-                dataset = dataset.mp_prefetch(options)
-            return iter(dataset)
+            if not self.workers:
+                return iter(dataset)
+            options = grain.MultiprocessingOptions(num_workers=self.workers)
+            hook = functools.partial(grain_workers.end_with_parent, os.getpid())
+            return grain_workers.delivered(iter(dataset.mp_prefetch(options, worker_init_fn=hook)))
 
     return ChuteGrainDataset

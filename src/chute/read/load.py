@@ -33,8 +33,10 @@ from chute.read.plan import ReadPlan, make_plan
 
 log = logging.getLogger(__name__)
 
-# skipped = corrupt + started - decoded
-_COUNTED = {"corrupt": 1, "started": 1, "decoded": -1}
+# skipped = corrupt (unreadable shards) + sum(shards) + started - decoded; "shards": the records
+# each shard lost in a reading of it (the most of any reading: with class sampling, several
+# class streams read a shard, some of them several times an epoch)
+_COUNTED = {"corrupt": 1, "shards": 1, "started": 1, "decoded": -1}
 
 
 class CacheBudget:
@@ -118,11 +120,12 @@ class LoadInfo:
 
     def corrupt_count(self) -> int:
         """What ``skip_corrupt`` skipped in the latest epoch (exact once it is over; it
-        starts again at each new iterator): records of damaged or missing shards, and
-        images that do not decode. 0 without ``skip_corrupt``."""
+        starts again at each new iterator): records of damaged or missing shards (once
+        each, however often class sampling's streams read the shard), and images that
+        do not decode (each time one is drawn). 0 without ``skip_corrupt``."""
         return int(
             sum(
-                counters[name].numpy() * sign
+                counters[name].numpy().sum() * sign
                 for counters in self.counters
                 for name, sign in _COUNTED.items()
                 if name in counters
@@ -300,7 +303,7 @@ def _dataset(plan: ReadPlan, options: LoadOptions, input_context):
     """The pipeline of ``plan``: ``(dataset, augmentation left to the device, counters)``."""
     device, keras_on_host, host = _augmentations(options.augment_spec, plan, options.augment_on)
     plan, lost = _without_unreadable(plan)
-    counters = _counters(lost) if plan.skip_corrupt else {}
+    counters = _counters(lost, len(plan.files)) if plan.skip_corrupt else {}
     if plan.data_service:  # TensorFlow would wait for a dispatcher that is not there forever
         service.wait_for_dispatcher(plan.data_service, options.data_service_timeout)
     dataset = build(plan, counters=counters, augmentation=keras_on_host, host=host)
@@ -371,18 +374,17 @@ def _counted_per_epoch(dataset, counters: dict, lost: int):
 
     def restart(_):
         for name, counter in counters.items():
-            counter.assign(lost if name == "corrupt" else 0)
+            counter.assign(tf.zeros_like(counter) + (lost if name == "corrupt" else 0))
         return dataset
 
     return tf.data.Dataset.range(1).flat_map(restart).with_options(dataset_options())
 
 
-def _counters(lost: int) -> dict:
+def _counters(lost: int, shards: int) -> dict:
     """Variables counting what ``skip_corrupt`` skips (see :data:`_COUNTED`)."""
+    start = {"corrupt": lost, "shards": [0] * shards}
     return {
-        name: tf.Variable(
-            lost if name == "corrupt" else 0, dtype=tf.int64, trainable=False, name=f"chute_{name}"
-        )
+        name: tf.Variable(start.get(name, 0), dtype=tf.int64, trainable=False, name=f"chute_{name}")
         for name in _COUNTED
     }
 

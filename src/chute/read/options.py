@@ -89,8 +89,8 @@ class LoadOptions:
         skip_corrupt: skip and count damaged shards and images instead of raising.
         data_service: a ``tf.data`` service dispatcher ``grpc://HOST:PORT``
             whose workers run the training pipeline.
-        data_service_timeout: seconds to wait for that dispatcher to accept a
-            connection before failing (TensorFlow alone would wait forever).
+        data_service_timeout: seconds to wait for that dispatcher to answer
+            before failing (TensorFlow alone would wait forever).
         engine: ``"tf"`` (a ``tf.data`` pipeline: window shuffle, epoch-level
             resume) or ``"grain"`` (a Grain dataset over the record indexes:
             global shuffle, iterators that save and restore their position).
@@ -99,7 +99,9 @@ class LoadOptions:
             an epoch as long as before) or ``{class: weight}`` (a class's share
             of the draws; classes by name or index, missing ones weigh 0).
         workers: Grain engine: processes that decode and crop (``None``: one
-            per core; 0: in the calling process).
+            per core, or threads in the calling process where spawned workers would
+            run the script's top level again: see :mod:`chute.read.grain_workers`;
+            0: threads in the calling process).
 
     Example:
         >>> LoadOptions(image_size="224", augment=["crop", "flip"]).image_size

@@ -27,8 +27,8 @@ def build(plan: ReadPlan, *, counters: dict, augmentation=None, host=None):
 
     Args:
         plan: what to read and how (see :class:`~chute.read.plan.ReadPlan`).
-        counters: with ``skip_corrupt``, int64 variables ``corrupt``,
-            ``started`` and ``decoded`` that count what is skipped.
+        counters: with ``skip_corrupt``, int64 variables ``corrupt``, ``shards``
+            (one per shard), ``started`` and ``decoded`` that count what is skipped.
         augmentation: Keras layers applied to training batches on the host
             (:class:`~chute.read.augment.DeviceAugmentation`), or None.
         host: OpenCV augmentation of training batches
@@ -39,7 +39,7 @@ def build(plan: ReadPlan, *, counters: dict, augmentation=None, host=None):
     names, expected = tf.constant(plan.files, tf.string), tf.constant(plan.counts, tf.int64)
     # Training batches leave the shuffle window finished when finishing is only labels.
     finished = not plan.per_image and batches.finished_in_window(plan, augmentation or host)
-    read = shard_blocks(plan, names, expected, counters.get("corrupt"))
+    read = shard_blocks(plan, names, expected, counters.get("shards"))
 
     # Blocks of the shards (see _blocks: shard order, parallel reads, every n-th record).
     # With class sampling, records drawn instead from a stream per class, each reading

@@ -19,10 +19,12 @@ What the service cannot promise, chute does locally: evaluation (every example
 exactly once) reads on the trainer itself, and a seed cannot fix the order
 (shards go to whichever worker asks first), so the order is new every epoch.
 
-TensorFlow retries a dispatcher that is not there forever, so ``chute.load``
-first waits at most ``data_service_timeout`` seconds (:data:`DISPATCHER_TIMEOUT`
-by default) for it to accept a connection (:func:`wait_for_dispatcher`), and
-fails naming the address.
+TensorFlow retries a dispatcher that is not there forever, and waits inside
+the dataset's registration for one that does not answer (a port held by another
+server, a dispatcher that hangs), so ``chute.load`` first waits at most
+``data_service_timeout`` seconds (:data:`DISPATCHER_TIMEOUT` by default) for it
+to answer (:func:`wait_for_dispatcher`: a TCP connection, then a gRPC call that
+a dispatcher answers), and fails naming the address.
 
 **The servers have no authentication** (TensorFlow offers none) and listen on
 every network interface (TensorFlow binds ``[::]:PORT`` and has no setting for
@@ -57,7 +59,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 5050
 DISPATCHER_TIMEOUT = 60.0
-"""Seconds ``chute.load`` waits for a dispatcher to accept a connection by default."""
+"""Seconds ``chute.load`` waits for a dispatcher to answer by default."""
+# The call every tf.data service client makes first (TensorFlow's compatibility check): a
+# dispatcher answers it at once, and it changes nothing there.
+_VERSION_CALL = "/tensorflow.data.DispatcherService/GetVersion"
 _ADDRESS = re.compile(
     r"^(?:grpc://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$"
 )
@@ -89,11 +94,14 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def wait_for_dispatcher(address: str, timeout: float = DISPATCHER_TIMEOUT) -> None:
-    """Returns once the dispatcher at ``address`` accepts a TCP connection, trying again
-    every second; a :class:`~chute.errors.ChuteError` naming it after ``timeout`` seconds.
+    """Returns once the dispatcher at ``address`` answers, trying again every second; a
+    :class:`~chute.errors.ChuteError` naming it after ``timeout`` seconds.
 
     TensorFlow itself waits for a dispatcher that is not there forever (trying again every
-    few seconds inside the first ``next()``); this cheap check comes before any of that.
+    few seconds inside the first ``next()``), and inside the dataset's registration for a
+    port that accepts connections but does not answer as a dispatcher (another server, a
+    dispatcher that hangs). So this comes first: a TCP connection, then a gRPC call that
+    every dispatcher answers (:func:`_grpc_answer`), the whole bounded by ``timeout``.
 
     Example:
         >>> wait_for_dispatcher("grpc://10.0.0.2:5050", timeout=30)  # doctest: +SKIP
@@ -103,14 +111,18 @@ def wait_for_dispatcher(address: str, timeout: float = DISPATCHER_TIMEOUT) -> No
     )
     host, port = _host_port(address)
     deadline = time.monotonic() + timeout
-    told = False
+    told = listening = False
     while True:
         left = deadline - time.monotonic()
         try:
             with socket.create_connection((host, port), timeout=max(0.05, min(left, 5.0))):
-                return
+                listening = True
         except OSError as error:  # refused, timed out, unknown host, no route
             reason = str(error) or type(error).__name__
+        else:
+            reason = _grpc_answer(address, max(0.05, deadline - time.monotonic()))
+            if reason is None:
+                return
         left = deadline - time.monotonic()
         if left <= 0:
             break
@@ -123,12 +135,51 @@ def wait_for_dispatcher(address: str, timeout: float = DISPATCHER_TIMEOUT) -> No
             )
             told = True
         time.sleep(min(1.0, left))
-    raise ChuteError(
+    raise ChuteError(_no_answer(address, timeout, reason, listening=listening))
+
+
+def _grpc_answer(address: str, timeout: float) -> str | None:
+    """None when a gRPC server at ``address`` answers the call a dispatcher answers first
+    (:data:`_VERSION_CALL`) within ``timeout`` seconds; else why not.
+
+    A gRPC server that does not know the call still answers (``UNIMPLEMENTED``): that is
+    left to TensorFlow, which fails at once there rather than waiting.
+    """
+    try:
+        import grpc  # TensorFlow's own dependency; imported here, when a dispatcher is named
+    except ImportError:  # pragma: no cover - every TensorFlow wheel requires grpcio
+        log.debug("grpc is not installed: the dispatcher at %s is not asked to answer", address)
+        return None
+    with grpc.insecure_channel(address.split("://", 1)[1]) as channel:
+        try:
+            channel.unary_unary(_VERSION_CALL)(b"", timeout=timeout)
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            said = " ".join(str(error.details() or "").split())[:300]
+            return f"gRPC {error.code().name}: {said}"
+    return None
+
+
+def _no_answer(address: str, timeout: float, reason: str, *, listening: bool) -> str:
+    """The message of :func:`wait_for_dispatcher` giving up: what to check, the way out."""
+    host, port = _host_port(address)
+    if listening:  # a program accepts connections there, but not as a dispatcher
+        check = (
+            f"A program accepts connections on port {port} there but does not answer as a "
+            f"dispatcher: check that {port} is the port of `chute data-service dispatcher "
+            f"--port {port}` on {host} (not another server's), and that the dispatcher is "
+            "not stuck (restart it)"
+        )
+    else:
+        check = (
+            f"Check that `chute data-service dispatcher --port {port}` runs on {host} and "
+            f"that this machine can reach port {port} there (a firewall?)"
+        )
+    return (
         f"no tf.data service dispatcher answered at {address} within {timeout:g} s "
-        f"({reason}). Check that `chute data-service dispatcher --port {port}` runs on "
-        f"{host} and that this machine can reach port {port} there (a firewall?), or wait "
-        "longer with data_service_timeout (--data-service-timeout SECONDS). "
-        f"Received: data_service={address!r}"
+        f"({reason}). {check}, or wait longer with data_service_timeout "
+        f"(--data-service-timeout SECONDS). Received: data_service={address!r}"
     )
 
 

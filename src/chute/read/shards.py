@@ -32,7 +32,10 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
         plan: the read plan (how images are stored).
         names: the shards' paths (a string tensor).
         expected: each shard's record count (an int64 tensor).
-        corrupt: an int64 variable counting what is skipped, or None to raise instead.
+        corrupt: an int64 variable of one count per shard, or None to raise instead:
+            each reading of a shard raises its count to the records it lost (damaged or
+            missing) if that is more, so a shard read by several class streams, or
+            several times an epoch, counts once.
 
     ``draw`` is a random int64 in training (blocks of 128-256 records, a new
     size per shard and epoch, so block boundaries move), -1 otherwise (blocks
@@ -53,7 +56,8 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
             draw < 0, tf.constant(BLOCK, tf.int64), BLOCK // 2 + draw % (BLOCK // 2 + 1)
         )
 
-        def check_block(seen, block):
+        def check_block(state, block):
+            seen, skipped = state
             read_now = tf.size(block, out_type=tf.int64)
             parsed = tf.io.parse_example(block, features)
             data, labels = parsed[records.IMAGE], parsed[records.CLASS]
@@ -64,8 +68,11 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
             at_end = tf.equal(read_now, 0)
             if corrupt is not None:
                 lost = tf.where(at_end, tf.maximum(want - seen, 0), tf.constant(0, tf.int64))
-                bad = tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64))
-                checks = [corrupt.assign_add(lost + bad)]
+                skipped += tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64))
+                count = tf.IndexedSlices(
+                    tf.reshape(skipped + lost, [1]), tf.reshape(file_index, [1])
+                )
+                checks = [corrupt.scatter_max(count)]
                 data, labels = tf.boolean_mask(data, ok), tf.boolean_mask(labels, ok)
             else:
                 checks = [
@@ -79,7 +86,7 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
             with tf.control_dependencies(checks):
                 if stored.encoding == "raw" and not plan.per_image:
                     data = tf.reshape(tf.io.decode_raw(data, tf.uint8), shape)
-                return seen + read_now, (tf.identity(data), labels)
+                return (seen + read_now, skipped), (tf.identity(data), labels)
 
         # A missing shard reads as empty: TensorFlow's reader would retry opening it
         # forever under ignore_errors. (A glob pattern matching exactly the path.)
@@ -90,7 +97,8 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
         # A bad record ends the shard (ignore_errors); the count at the end tells.
         blocks = found.ignore_errors().batch(size)
         end = tf.data.Dataset.from_tensors(tf.constant([], tf.string))  # marks the shard's end
-        return blocks.concatenate(end).scan(tf.constant(0, tf.int64), check_block)
+        start = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))  # records read, skipped
+        return blocks.concatenate(end).scan(start, check_block)
 
     return read
 
