@@ -1,7 +1,8 @@
 """Sources: class folders, pre-split trees, CSV/JSONL lists, .npz arrays and keras.datasets.
 
 Every dataset here is a few tiny images made in a temp dir; keras.datasets
-loaders are replaced by local stand-ins, so nothing touches the network.
+loaders are replaced by local stand-ins, or (one test) sent through a proxy on a
+closed port of 127.0.0.1, so nothing touches the network.
 """
 
 from __future__ import annotations
@@ -678,6 +679,69 @@ def test_unknown_keras_dataset_is_an_error(monkeypatch):
     message = str(error.value)
     assert "source='keras:foo'" in message
     assert "keras:mnist" in message and "keras:cifar10" in message
+
+
+def test_a_keras_dataset_that_cannot_be_downloaded_is_one_line(monkeypatch):
+    """What keras.utils.get_file raises offline (a bare Exception) becomes one ChuteError
+    naming the dataset, Keras's cache and the .npz way out."""
+    import keras
+
+    def offline(*args, **kwargs):
+        raise Exception(
+            "URL fetch failure on https://storage.googleapis.com/tensorflow/tf-keras-datasets/"
+            "mnist.npz: None -- [Errno -3] Temporary failure in name resolution"
+        )
+
+    monkeypatch.setattr(keras.datasets.mnist, "load_data", offline)
+    monkeypatch.delenv("KERAS_HOME", raising=False)
+    with pytest.raises(ChuteError) as error:
+        sources.scan("keras:mnist")
+    message = str(error.value)
+    assert "\n" not in message
+    assert "keras.datasets.mnist.load_data() failed (URL fetch failure on https://" in message
+    assert "Temporary failure in name resolution" in message
+    assert "~/.keras/datasets ($KERAS_HOME/datasets)" in message
+    assert "numpy.savez('mnist.npz', x_train=x_train" in message and "convert mnist.npz" in message
+    assert "Received: source='keras:mnist'" in message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_chute_convert_of_a_keras_source_offline_says_so_in_one_line(tmp_path):
+    """``chute convert keras:mnist`` with nothing cached and the network unreachable (every
+    request through a proxy on a closed port of 127.0.0.1): exit 2 with one line naming
+    Keras's cache and the .npz way out, no traceback, nothing left in the cache."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{s.getsockname()[1]}"
+    home = tmp_path / "keras-home"
+    env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
+    env.update(
+        KERAS_HOME=str(home),
+        http_proxy=proxy,
+        https_proxy=proxy,
+        HTTP_PROXY=proxy,
+        HTTPS_PROXY=proxy,
+        CUDA_VISIBLE_DEVICES="",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "chute", "convert", "keras:mnist", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, result.stderr
+    line = errors[0]
+    assert line.startswith("chute convert: error: keras.datasets.mnist.load_data() failed (")
+    assert f"into {home / 'datasets'} and reads it from there" in line
+    assert "convert mnist.npz" in line and "Received: source='keras:mnist'" in line
+    assert not [p for p in (home / "datasets").rglob("*") if p.is_file()]  # no partial file
 
 
 # -- errors -------------------------------------------------------------------------------

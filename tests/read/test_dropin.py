@@ -279,6 +279,44 @@ def test_shuffle_with_seed_gives_the_same_files_and_contents(mixed):
     assert len(_ordered(ours)) == NUM_MIXED
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"batch_size": None},
+        {"batch_size": 5},
+        {"batch_size": 64},
+        {"shuffle": False},
+        {"labels": None},
+        {"label_mode": "categorical"},
+        {"validation_split": 0.3, "subset": "training", "seed": 1},
+        {"validation_split": 0.3, "subset": "validation", "seed": 1},
+        {"validation_split": 0.3, "subset": "both", "seed": 1},
+        {"validation_split": 0.3, "subset": "both", "seed": 1, "batch_size": None},
+        {"validation_split": 0.2, "subset": "both", "seed": 1, "shuffle": False},
+    ],
+    ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "defaults",
+)
+@pytest.mark.parametrize("cache", [None, "memory"])
+def test_len_is_kerass_number_of_batches(mixed, options, cache):
+    """``len()`` works as on Keras's dataset (``len(train)`` in a training loop, ``fit``'s
+    progress bar): the number of batches, or of images with ``batch_size=None``."""
+    kwargs = {"image_size": SMALL, "batch_size": 4, "verbose": False, **options}
+    ours = chute.image_dataset_from_directory(mixed, cache=cache, **kwargs)
+    theirs = keras.utils.image_dataset_from_directory(mixed, **kwargs)
+    ours, theirs = (x if isinstance(x, list) else [x] for x in (ours, theirs))
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        assert len(a) == len(b) == len(list(b)) == len(list(a)) > 0
+
+
+def test_len_with_drop_remainder_counts_full_batches_only(mixed):
+    kwargs = {"image_size": SMALL, "batch_size": 4, "verbose": False}
+    for options in ({}, {"validation_split": 0.3, "subset": "training", "seed": 1}):
+        ours = chute.image_dataset_from_directory(mixed, drop_remainder=True, **kwargs, **options)
+        assert len(ours) == len(ours.file_paths) // 4 == len(list(ours))
+
+
 def test_verbose_prints_what_keras_prints(mixed, capsys):
     chute.image_dataset_from_directory(mixed, image_size=SMALL, verbose=True)
     ours = capsys.readouterr().out
@@ -374,6 +412,8 @@ def test_skip_corrupt_skips_a_bad_file(mixed, tmp_path, damage):
     assert skipping.class_names == reference.class_names
     got, want = _ordered(skipping), _ordered(reference)
     assert len(got) == NUM_MIXED - 1
+    # no len(): the count the file list gives would be one too many
+    assert int(skipping.cardinality()) == tf.data.UNKNOWN_CARDINALITY
     assert got == want  # labels stay with their images
 
 

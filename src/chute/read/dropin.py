@@ -69,7 +69,8 @@ def image_dataset_from_directory(
 
     Args:
         skip_corrupt: skip images that fail to read or decode (logged) instead
-            of raising an error mid-epoch.
+            of raising an error mid-epoch. How many remain is known only once
+            read, so the dataset has no ``len()`` (its cardinality is unknown).
         drop_remainder: drop the last partial batch, so every batch has a
             static shape (TPU/XLA).
         cache: ``"memory"`` or a file path: keep decoded images after the
@@ -264,6 +265,9 @@ class _Builder:
             ds = ds.map(fn, **parallel).ignore_errors(log_warning=True)
         else:
             ds = ds.batch(_group_size(cores)).map(self.load_group, **parallel).unbatch()
+            # unbatch() forgets the count, and without it len() raises a TypeError where
+            # Keras's dataset gives its number of batches: one image per path, always.
+            ds = ds.apply(tf.data.experimental.assert_cardinality(len(paths)))
         if self.cache is not None:
             ds = ds.cache("" if self.cache == "memory" else self.cache)
             if shuffle:

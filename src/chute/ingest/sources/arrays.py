@@ -1,12 +1,15 @@
 """Arrays as a source: a ``.npz`` file, or a ``keras.datasets`` name (``keras:cifar10``).
 
 ``keras:NAME`` loads through ``keras.datasets``, with Keras's own download and
-cache (``~/.keras/datasets``).
+cache (``~/.keras/datasets``, or ``$KERAS_HOME/datasets``). It is the one kind of
+source that imports Keras, and so Keras's backend (TensorFlow unless
+``KERAS_BACKEND`` names another); a ``.npz`` of the same arrays converts without.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import zipfile
 
 import numpy as np
@@ -136,10 +139,31 @@ def scan_keras(source: str) -> Source:
             "`source` names an unknown keras dataset. Received: source="
             f"{source!r}; allowed: {', '.join('keras:' + k for k in sorted(KERAS_CLASS_NAMES))}"
         )
-    (x_train, y_train), (x_test, y_test) = getattr(keras.datasets, name).load_data()
+    try:
+        (x_train, y_train), (x_test, y_test) = getattr(keras.datasets, name).load_data()
+    except ChuteError:  # Keras itself is missing: chute's line says what to install
+        raise
+    except Exception as error:  # a failed download is a bare Exception in keras.utils.get_file
+        raise ChuteError(_not_loaded(source, name, error)) from None
     return _array_source(
         "keras",
         source,
         {"train": (x_train, y_train), "test": (x_test, y_test)},
         KERAS_CLASS_NAMES[name],
+    )
+
+
+def _not_loaded(source: str, name: str, error: Exception) -> str:
+    """The one line saying that ``keras.datasets`` could not load ``name`` (offline, most
+    often), where Keras keeps the file, and the way out that needs no network."""
+    said = " ".join(str(error).split())[:300] or type(error).__name__
+    home = os.environ.get("KERAS_HOME")
+    cache = os.path.join(home, "datasets") if home else "~/.keras/datasets ($KERAS_HOME/datasets)"
+    return (
+        f"keras.datasets.{name}.load_data() failed ({said}). Keras downloads the dataset "
+        f"once into {cache} and reads it from there afterwards: run the same command on a "
+        "machine with network access and copy that folder here, or save the arrays there "
+        f"with numpy.savez('{name}.npz', x_train=x_train, y_train=y_train, x_test=x_test, "
+        f"y_test=y_test) and convert {name}.npz (no network, no TensorFlow). "
+        f"Received: source={source!r}"
     )
