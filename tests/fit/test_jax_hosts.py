@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from helpers import jax_child_env, once_per_run, run_here, write_banded
 import chute
 from chute import ChuteError, TrainConfig
 from chute.fit import processes as processes_lib
+from chute.fit import rendezvous
 from chute.fit.rundir import RunDir
 
 # The two processes compile and train for a minute or two on 2 busy cores: one pytest-xdist
@@ -166,8 +168,8 @@ def _stalled_and_killed(data: Path, root: Path) -> dict:
         "stalled": stalled,
         "codes": codes,
         "backup": sorted(p.name for p in (run / "backup").glob("*")),
-        "metadata": json.loads((run / "backup" / "training_metadata.json").read_text())
-        if (run / "backup" / "training_metadata.json").exists()
+        "metadata": json.loads((run / "backup" / "state.json").read_text())["current"]
+        if (run / "backup" / "state.json").exists()
         else None,
         "bundle": (run / "bundle").exists(),
     }
@@ -316,7 +318,8 @@ def test_only_the_chief_writes_the_run_directory(hosts, finished):
 def test_a_killed_run_resumes_from_the_chiefs_backup_on_every_process(hosts, finished):
     killed = hosts["killed"]
     assert killed["codes"] == [None, None]  # both were running when killed
-    assert killed["metadata"]["epoch"] == STALL_AFTER and "latest.weights.h5" in killed["backup"]
+    assert killed["metadata"]["epoch"] == STALL_AFTER
+    assert killed["metadata"]["weights"] in killed["backup"]
     assert not killed["bundle"]
     summary = json.loads((finished / "summary.json").read_text())
     assert summary["resumed"] and summary["epochs_run"] == EPOCHS - STALL_AFTER
@@ -397,3 +400,147 @@ def test_a_refusal_by_the_chief_stops_every_process(monkeypatch, tmp_path):
     ):
         processes_lib.prepare_run(tmp_path / "run", overwrite=False, processes=other)
     assert not (tmp_path / "run").exists()
+
+
+# --- processes that do not all come: bounded waits, one line naming the missing ----------------
+
+
+def _meet(port: int, count: int, indexes: list[int], timeout: float) -> dict[int, object]:
+    """Processes ``indexes`` of ``count`` meeting at 127.0.0.1:``port`` (each in a thread, as
+    on its host): what each returned (None) or raised, and how long each took."""
+    outcome: dict[int, object] = {}
+
+    def one(index: int) -> None:
+        started = time.monotonic()
+        try:
+            rendezvous.wait_for_processes(
+                f"127.0.0.1:{port}", count=count, index=index, timeout=timeout
+            )
+            outcome[index] = None
+        except ChuteError as error:
+            outcome[index] = error
+        outcome[-1 - index] = time.monotonic() - started
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in indexes]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.2)  # process 0 (listed first) listens before the others come
+    for thread in threads:
+        thread.join(timeout=timeout * 2 + 30)
+    assert not any(thread.is_alive() for thread in threads)
+    return outcome
+
+
+def test_processes_that_all_come_go_on_and_leave_the_port_to_jax():
+    port = _free_port()
+    outcome = _meet(port, 3, [0, 2, 1], timeout=30)
+    assert [outcome[i] for i in (0, 1, 2)] == [None, None, None]
+    with socket.socket() as s:  # free again, for JAX's coordinator
+        s.bind(("", port))
+
+
+def test_process_0_alone_names_the_missing_within_its_timeout(caplog):
+    port = _free_port()
+    with caplog.at_level("INFO", logger="chute.fit.rendezvous"):
+        outcome = _meet(port, 3, [0, 1], timeout=1.5)
+    assert outcome[-1] < 1.5 + 5 and outcome[-2] < 1.5 + 5  # bounded, on both
+    address = f"127.0.0.1:{port}"
+    assert f"waiting up to 1.5 s for 3 JAX processes at {address} (this is process 0" in (
+        caplog.text
+    )
+    chief = str(outcome[0])
+    assert chief.startswith(f"JAX process(es) 2 of 3 did not come to {address} within 1.5 s")
+    assert "(came: 0, 1)" in chief and "--process-id 2 on its host" in chief
+    assert "--process-timeout SECONDS" in chief
+    assert f"Received: coordinator='{address}', num_processes=3, process_id=0" in chief
+    other = str(outcome[1])  # the one that came hears who is missing
+    assert other.startswith(f"JAX process(es) 2 of 3 did not come to {address}")
+    assert "process_id=1" in other
+
+
+def test_a_process_without_process_0_fails_within_its_timeout():
+    port = _free_port()
+    outcome = _meet(port, 2, [1], timeout=1.0)
+    assert outcome[-2] < 1.0 + 5
+    message = str(outcome[1])
+    assert message.startswith(f"process 0 of 2 did not answer at 127.0.0.1:{port} within 1 s (")
+    assert "--process-id 0 on 127.0.0.1" in message and "--process-timeout SECONDS" in message
+
+
+def test_processes_that_disagree_on_the_run_are_refused_and_a_stranger_ignored():
+    port = _free_port()
+    outcome: dict[int, object] = {}
+
+    def chief():
+        try:
+            rendezvous.wait_for_processes(f"127.0.0.1:{port}", count=2, index=0, timeout=20)
+            outcome[0] = None
+        except ChuteError as error:
+            outcome[0] = error
+
+    thread = threading.Thread(target=chief, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while True:  # a stranger speaks first (a port scanner, a health check): not a process
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as stranger:
+                stranger.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    with pytest.raises(ChuteError, match=r"started with --num-processes 3, process 0 with 2"):
+        rendezvous.wait_for_processes(f"127.0.0.1:{port}", count=3, index=1, timeout=20)
+    thread.join(timeout=30)
+    assert "started with --num-processes 3, process 0 with 2" in str(outcome[0])
+
+
+@pytest.mark.slow
+def test_a_jax_process_started_alone_exits_with_one_line_not_an_abort(train_data, tmp_path):
+    """``--num-processes 2 --process-id 0`` and no other process: JAX alone waits 5 minutes
+    in silence, then aborts with SIGABRT and a C++ stack. chute says it waits, and ends
+    within --process-timeout with one line naming the process that did not come."""
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "chute", "train", str(train_data), "--run-dir",
+        str(tmp_path / "run"), "--backend", "jax", "--strategy", "cpu", "--epochs", "1",
+        "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "0",
+        "--process-timeout", "3",
+    ]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=_env(tmp_path, "alone"), timeout=240
+    )
+    assert time.monotonic() - started < 180  # start-up (imports) + 3 s, not JAX's 300 s
+    assert result.returncode == 2, result.stderr[-3000:]
+    address = f"127.0.0.1:{port}"
+    assert f"waiting up to 3 s for 2 JAX processes at {address}" in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(
+        f"chute train: error: JAX process(es) 1 of 2 did not come to {address} within 3 s"
+    )
+    for crash in ("Traceback", "Check failure", "Terminating process", "SIGABRT"):
+        assert crash not in result.stderr
+    assert not (tmp_path / "run").exists()  # nothing written before the processes met
+
+
+def test_the_processes_come_from_the_options_else_keras_variables(monkeypatch):
+    """What the processes wait for and JAX joins: the options, else Keras's variables read
+    as keras.distribution.initialize reads them (the first of several addresses)."""
+    for name in processes_lib.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    config = TrainConfig(backend="jax", num_processes=2, process_id=1)
+    assert processes_lib._cluster(config) == (None, 2, 1)
+    monkeypatch.setenv("KERAS_DISTRIBUTION_JOB_ADDRESSES", "10.0.0.2:1234,10.0.0.3:1234")
+    monkeypatch.setenv("KERAS_DISTRIBUTION_PROCESS_ID", "0")
+    assert processes_lib._cluster(config) == ("10.0.0.2:1234", 2, 1)  # options first
+    assert processes_lib._cluster(TrainConfig(backend="jax")) == ("10.0.0.2:1234", None, 0)
+    with pytest.raises(ChuteError, match="lists 2 addresses but there are 3 processes"):
+        processes_lib._cluster(TrainConfig(backend="jax", num_processes=3))
+    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "two")
+    with pytest.raises(ChuteError, match="KERAS_DISTRIBUTION_NUM_PROCESSES"):
+        processes_lib._cluster(TrainConfig(backend="jax"))
+    with pytest.raises(ChuteError, match="`process_timeout` must be a positive number"):
+        TrainConfig(process_timeout=0)
+    assert TrainConfig().process_timeout == rendezvous.PROCESS_TIMEOUT == 300.0

@@ -95,6 +95,17 @@ def test_an_interrupted_run_resumes_only_with_the_options_it_started_with(data, 
         with pytest.raises(Killed):
             chute.train(data, run, **{**FAST, "epochs": 2})
     assert (run / "backup").is_dir()
+    # what the backup's variables and step count depend on (the optimizer's variables, a
+    # loss-scale optimizer's, the augmentation layers in the step, the steps per epoch)
+    for change, said in [
+        ({"optimizer": "sgd"}, "optimizer: 'adam' then, 'sgd' now"),
+        ({"precision": "mixed_float16"}, "precision: 'auto' then, 'mixed_float16' now"),
+        ({"augment": "rotation", "augment_on": "device"}, "augment: [] then, ['rotation'] now"),
+        ({"batch_size": 4}, "batch_size: 8 then, 4 now"),
+    ]:
+        with pytest.raises(ChuteError, match="interrupted run") as refused:
+            chute.train(data, run, **{**FAST, "epochs": 2, **change})
+        assert said in str(refused.value)
     other = tmp_path / "other"
     src = make_folder(tmp_path / "src", {"x": 8, "y": 8}, size=(16, 16))
     chute.convert(src, other, image_size=16, val_fraction=0.25, workers=1)
@@ -112,6 +123,9 @@ def test_an_interrupted_run_resumes_only_with_the_options_it_started_with(data, 
 
     result = chute.train(other, run, overwrite=True, **{**FAST, "epochs": 1})
     assert not result.resumed and result.epochs_run == 1
+    # the killed run's epoch is not in the new run's history (its progress file is gone)
+    history = json.loads((run / "history.json").read_text())
+    assert all(len(values) == 1 for values in history.values())
     assert chute.load_bundle(run).class_names == ["x", "y"]
     assert not (run / "backup").exists()
 
@@ -237,7 +251,7 @@ def test_cli_reading_flags_fill_the_load_options(data, tmp_path, monkeypatch, ca
     toml.write_text("[load]\nshuffle_buffer = 512\ncache = 'memory'\n")
     configs = []
 
-    def spy(data, run_dir, *, config, overwrite):
+    def spy(data, run_dir, *, config, overwrite, verbose):
         configs.append(config)
         raise _Stop
 

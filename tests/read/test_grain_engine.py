@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -149,68 +150,64 @@ def test_what_the_grain_engine_cannot_do_is_refused(shards):
     assert device.chute.device_augmentation is not None
 
 
-RESUME = """
-import json, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[3])
-import keras, numpy as np
-import chute
-from chute.fit import train as training
-from helpers import Killed
-data, root = Path(sys.argv[1]), Path(sys.argv[2])
-options = dict(model="kannada-cnn", epochs=2, batch_size=8, strategy="cpu", verbose=0, seed=1,
-               image_size=16, augment="crop,flip", schedule="cosine", backup_every=3,
-               load={"engine": "grain", "workers": 0})
-keras.backend.clear_session()  # each run builds its model afresh, as a new process would
-chute.train(data, root / "whole", **options)
-real = training._EpochTimer
-def dying():
-    timer, seen = real(), [0]
-    def on_train_batch_end(batch, logs=None):
-        seen[0] += 1
-        if seen[0] == 8:
-            raise Killed
-    timer.on_train_batch_end = on_train_batch_end
-    return timer
-training._EpochTimer = dying
-keras.backend.clear_session()
-try:
-    chute.train(data, root / "cut", **options)
-    killed = False
-except Killed:
-    killed = True
-left = sorted(p.name for p in (root / "cut" / "backup").iterdir())
-training._EpochTimer = real
-keras.backend.clear_session()
-chute.train(data, root / "cut", **options)
-whole, cut = (keras.models.load_model(root / name / "checkpoints" / "last.keras").get_weights()
-              for name in ("whole", "cut"))
-same = all(np.array_equal(a, b) for a, b in zip(whole, cut, strict=True))
-print("RESULT " + json.dumps({"killed": killed, "left": left, "same": same}))
-"""
+# Kills at different steps (6, 14 and 3 of 11 per epoch backed up before them, every 3):
+# "twice" dies again inside the epoch it resumed (its backup there must say epoch 1, not 0),
+# "thrice" twice inside resumed epochs; "in the write" dies in the middle of writing the
+# weights, then in the middle of writing the backup's record; "unreadable" resumes from the
+# backup before a damaged one. "tf twice" is "twice" on the tf.data engine, which reads an
+# interrupted epoch again from its first batch but must resume the epoch of the last kill.
+TWICE = [{"batches": 14}, {"batches": 5}]
+PLANS = {
+    "once": [{"batches": 8}],
+    "twice": TWICE,
+    "thrice": [{"batches": 5}, {"batches": 4}, {"batches": 9}],
+    "in the write": [{"batches": 8}, {"in_weights": 2}, {"in_state": 1}],
+    "unreadable": [{"batches": 8}, {"corrupt": True}],
+}
+BEGAN = {  # the epochs each attempt began: after a kill, the epoch it interrupted
+    "once": [[0], [0, 1, 2]],
+    "twice": [[0, 1], [1], [1, 2]],
+    "thrice": [[0], [0], [0, 1], [1, 2]],
+}
+ON_JAX = ("twice", "in the write", "unreadable")  # the rest is the backend-free logic
+
+
+def run_resume_child(shards: Path, root: Path, backend: str, plans: dict) -> dict:
+    """tests/resume_child.py on ``backend``: uninterrupted runs, then each plan's kills."""
+    env = {**os.environ, "KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""}
+    env.update(jax_child_env(root / "jax-cache"))  # the runs compile the same programs
+    args = [sys.executable, str(TESTS / "resume_child.py"), str(shards), str(root)]
+    args.append(json.dumps(plans))
+    done = subprocess.run(args, timeout=700, capture_output=True, env=env, text=True, cwd=TESTS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ran out of data" not in done.stderr  # Keras knows the validation steps
+    return json.loads(done.stdout.split("RESULT ")[-1]) | {"stderr": done.stderr}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(800)
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
-def test_a_run_killed_mid_epoch_resumes_on_the_next_batch(shards, tmp_path, backend):
-    """Killed after step 8 of 22 (backed up at 6, mid-epoch 0 of 11 steps) and run again:
-    it ends with an uninterrupted run's weights, bit for bit (the same batches, learning
-    rate, optimizer step and dropout draws), on either backend (one child each)."""
-    script = tmp_path / "resume.py"
-    script.write_text(RESUME)
-    env = {**os.environ, "KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""}
-    env.update(jax_child_env(tmp_path / "jax-cache"))  # the three runs compile the same programs
-    args = [sys.executable, str(script), str(shards), str(tmp_path), str(TESTS)]
-    done = subprocess.run(args, timeout=500, capture_output=True, env=env, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.split("RESULT ")[-1])
-    assert result["killed"] and "seeds.json" in result["left"]
-    assert result["same"], "the resumed run's weights differ from the uninterrupted run's"
-    assert "ran out of data" not in done.stderr  # Keras knows the validation steps
-    history = json.loads((tmp_path / "cut" / "history.json").read_text())
-    assert len(history["loss"]) == 2
-    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["backend"] == backend
+def test_a_run_killed_any_number_of_times_resumes_on_the_next_batch(shards, tmp_path, backend):
+    """Killed once, twice and three times at different steps (mid-epoch, inside a resumed
+    epoch), inside a backup write, and with its newest backup damaged: each run ends with
+    an uninterrupted run's weights, bit for bit (the same batches, learning rate, optimizer
+    step and dropout draws), with each epoch in its history once, on either backend (JAX:
+    the plans that differ in what they save and load)."""
+    names = PLANS if backend == "tensorflow" else ON_JAX
+    plans = {name: {"engine": "grain", "attempts": PLANS[name]} for name in names}
+    if backend == "tensorflow":
+        plans["tf twice"] = {"engine": "tf", "attempts": TWICE}
+    results = run_resume_child(shards, tmp_path, backend, plans)
+    for name, plan in plans.items():
+        result = results[name]
+        assert result["killed"] == [*("corrupt" not in how for how in plan["attempts"]), False]
+        assert result["same"] or plan["engine"] == "tf", f"{name}: not the whole run's weights"
+        assert all(len(values) == 3 for values in result["history"].values()), name
+        assert result["csv_rows"] == 1 + 3, name
+        assert "state.json" in result["left"][0], name
+        assert result["left"][-1] == [], name  # the backup goes once the run is over
+        assert result["began"] == BEGAN.get(name.removeprefix("tf "), result["began"]), name
+    assert "cannot be read" in results["stderr"] and ".unreadable" in results["stderr"]
 
 
 def _position(engine: str, iterations: int, steps: int = 6):
@@ -286,3 +283,131 @@ def test_training_validates_with_threads_on_the_grain_engine(shards, monkeypatch
         assert asked[-1].get("workers") == expected and asked[-1]["training"] is False
         # Keras is told the steps (else it reads to the end, and warns it ran out of data)
         assert steps == len(val) == -(-30 // 32) and asked[-1]["repeat"] is True
+
+
+def _shared_memory() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _left_in_shared_memory(before: set[str]) -> set[str]:
+    """What is in /dev/shm and not ``before``, once other processes' passing blocks (tests
+    on other workers) and the resource tracker's late cleaning have had a few seconds."""
+    for _ in range(50):
+        new = _shared_memory() - before
+        if not new:
+            break
+        time.sleep(0.1)
+    return new
+
+
+READ_WITH_THE_DEFAULTS = """
+import chute
+train = chute.load({shards!r}, engine="grain", batch_size=8, seed=1)
+for images, labels in train:  # a top-level loop leaves its last batch in globals
+    pass
+iterator = iter(train)  # and an iterator open at exit
+batch = next(iterator)
+print("WORKERS", train.workers)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_plain_script_and_python_c_read_with_the_defaults_and_exit_quietly(shards, tmp_path):
+    """No ``if __name__ == "__main__":`` (every Keras tutorial): worker processes, which
+    spawn runs the script again in, would die bootstrapping; with ``python -c`` they
+    start. Either way: rc 0, no tracebacks at exit, no shared memory left behind."""
+    code = READ_WITH_THE_DEFAULTS.format(shards=str(shards))
+    script = tmp_path / "tutorial.py"
+    script.write_text(code)
+    before = _shared_memory()
+    for args, processes in (([str(script)], False), (["-c", code], True)):
+        done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                              timeout=240, cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        for noise in ("Traceback", "Exception ignored", "leaked", "bootstrapping"):
+            assert noise not in done.stderr, done.stderr[-3000:]
+        workers = int(done.stdout.split("WORKERS")[-1])
+        assert (workers > 0) == processes, done.stdout
+        assert not _left_in_shared_memory(before)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+ITERATE_FOREVER = """
+import sys, chute
+train = chute.load(sys.argv[1], engine="grain", batch_size=8, seed=1, workers=2, repeat=True)
+iterator = iter(train)
+next(iterator)
+print("READY", flush=True)
+for _ in iterator:
+    pass
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds processes through /proc")
+def test_worker_processes_end_when_their_parent_is_killed(shards):
+    """``kill -9`` runs no cleanup: the workers must see for themselves that their
+    parent is gone (else they live on, re-parented, holding the terminal's stdout)."""
+    import signal
+
+    args = [sys.executable, "-c", ITERATE_FOREVER, str(shards)]
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert child.stdout.readline().strip() == "READY"
+        workers = _children(child.pid)  # 2 workers and multiprocessing's resource tracker
+        assert len(workers) >= 2
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    deadline = time.monotonic() + 10
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if _running(pid)]
+    for pid in left:  # not to leave them to the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    assert not left
+
+
+def test_input_pipelines_without_a_seed_share_one_order(shards):
+    """Each pipeline reads its share of one global order: none drawn apart, and the same
+    in every process (each host derives it alike)."""
+    import types
+
+    def pipelines():  # what the Grain engine reads of a tf.distribute.InputContext
+        contexts = [
+            types.SimpleNamespace(num_input_pipelines=2, input_pipeline_id=index)
+            for index in (0, 1)
+        ]
+        return [chute.load(shards, engine="grain", batch_size=8, workers=0, input_context=c)
+                for c in contexts]  # fmt: skip
+
+    first = pipelines()
+    images = [image.tobytes() for train in first for batch in train for image in batch[0]]
+    assert len(images) == 2 * 5 * 8  # 90 records: 5 batches of 8 for each of 2 pipelines
+    assert len(set(images)) == len(images)  # the shares are disjoint (the images differ)
+    again = pipelines()
+    assert [t.batches.seed for t in again] == [t.batches.seed for t in first]
+    alone = [chute.load(shards, engine="grain", batch_size=8, workers=0) for _ in range(2)]
+    assert alone[0].batches.seed != alone[1].batches.seed  # one pipeline: drawn each time

@@ -19,6 +19,7 @@ from chute import checks
 from chute.errors import ChuteError
 from chute.fit.backend import BACKENDS
 from chute.fit.processes import check_coordinator
+from chute.fit.rendezvous import PROCESS_TIMEOUT
 from chute.fit.strategy import KINDS, PRECISIONS
 from chute.image.size import parse_image_size
 from chute.read.options import LoadOptions
@@ -88,6 +89,9 @@ class TrainConfig:
         num_processes: JAX on several hosts: how many processes (hosts) train.
         process_id: JAX on several hosts: this process's index, from 0 (the chief,
             which writes the run directory) to ``num_processes - 1``.
+        process_timeout: JAX on several hosts: seconds each process waits for the
+            others to come (process 0 for all, the others for process 0 and then its
+            word) before failing with a line naming those missing.
         precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
         augment: augmentation names for the training data (see ``chute.load``):
             ``crop`` and ``flip`` fused with decoding, the heavier ones where
@@ -158,6 +162,10 @@ class TrainConfig:
     process_id: int | None = option(
         None, "JAX on several hosts: this process's index (0: the chief)", type=int, metavar="I"
     )
+    process_timeout: float = option(
+        PROCESS_TIMEOUT, "JAX on several hosts: seconds to wait for the other processes",
+        metavar="SECONDS",
+    )  # fmt: skip
     precision: str = option("auto", "Keras mixed-precision policy", choices=PRECISIONS)
     augment: tuple[str, ...] = option(
         (),
@@ -191,7 +199,9 @@ class TrainConfig:
         None, "read training batches from this tf.data service dispatcher", type=str,
         metavar="grpc://HOST:PORT",
     )  # fmt: skip
-    seed: int = option(1337, "seeds Keras, the data order and augmentation")
+    seed: int = option(
+        1337, "seeds Keras, the data order and augmentation, whichever --engine reads"
+    )
     # a frozen LoadOptions: one default instance is safely shared
     load: LoadOptions = option(LoadOptions(), "how the data are read ([load])", flag=False)  # noqa: RUF009
 
@@ -207,6 +217,10 @@ class TrainConfig:
         if self.process_id is not None:
             last = None if self.num_processes is None else self.num_processes - 1
             checks.int_in("process_id", self.process_id, 0, last)
+        timeout = checks.positive_number(
+            "process_timeout", self.process_timeout, "a positive number of seconds"
+        )
+        object.__setattr__(self, "process_timeout", timeout)
         checks.one_of("precision", self.precision, PRECISIONS)
         checks.one_of("schedule", self.schedule, SCHEDULES)
         if self.class_weights not in CLASS_WEIGHTS:

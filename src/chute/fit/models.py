@@ -41,7 +41,14 @@ from chute.format import storage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKBONE_LAYER", "MODEL_NAMES", "available_models", "build_model", "check_model"]
+__all__ = [
+    "BACKBONE_LAYER",
+    "MODEL_NAMES",
+    "available_models",
+    "batch_norm_momentum",
+    "build_model",
+    "check_model",
+]
 
 MODEL_NAMES: tuple[str, ...] = (
     "kannada-cnn",
@@ -55,6 +62,13 @@ MODEL_NAMES: tuple[str, ...] = (
 
 _WEIGHTS_SUFFIXES = (".weights.h5", ".keras", ".h5")
 IMAGENET = "imagenet"
+
+# What BatchNorm's moving statistics may keep of their start (mean 0, variance 1) after
+# one epoch. The start is far from the activations' own (a convolution of [0, 1] pixels
+# has variances near 1e-3): a 1e-4 share of it leaves the variance plus BatchNorm's
+# epsilon (1e-3) within 5 %, so every epoch's validation is in inference mode what
+# training saw.
+SETTLED = 1e-4
 
 
 def available_models() -> list[str]:
@@ -70,6 +84,33 @@ def available_models() -> list[str]:
     return list(MODEL_NAMES)
 
 
+def batch_norm_momentum(steps_per_epoch: int | None) -> float:
+    """The BatchNorm momentum with which the moving statistics settle within one epoch.
+
+    Keras's moving statistics start at mean 0 and variance 1 and move towards each
+    batch's by ``1 - momentum`` a step. At momentum 0.9 they keep 0.35 of that start
+    after 10 steps, so a model trained on a few hundred images in inference mode
+    (validation, predict) normalises by statistics that are mostly the start, and its
+    validation accuracy falls to chance while the training accuracy climbs. An epoch of
+    ``steps_per_epoch`` steps therefore gets the momentum that keeps :data:`SETTLED`
+    of the start after it, at most chute's usual 0.9 (whose moving statistics follow
+    the weights within about ten steps of a long run).
+
+    Args:
+        steps_per_epoch: optimizer steps per epoch; ``None``: not known (0.9).
+
+    Example:
+        >>> batch_norm_momentum(None), batch_norm_momentum(1000)
+        (0.9, 0.9)
+        >>> round(batch_norm_momentum(2), 4)
+        0.01
+    """
+    if steps_per_epoch is None:
+        return cnns.BN_MOMENTUM
+    steps = checks.positive_int("steps_per_epoch", steps_per_epoch)
+    return min(cnns.BN_MOMENTUM, SETTLED ** (1 / steps))
+
+
 def build_model(
     name: str,
     *,
@@ -77,6 +118,7 @@ def build_model(
     num_classes: int,
     weights: str | os.PathLike[str] | None = None,
     dropout: float = 0.2,
+    steps_per_epoch: int | None = None,
 ) -> Any:
     """Builds the classifier ``name`` for uint8 images of ``input_shape``.
 
@@ -100,6 +142,10 @@ def build_model(
             a backbone's ``..._no_top.h5``), loaded into the whole model if it
             fits, else into the backbone.
         dropout: dropout rate in ``[0, 1)`` of the model's Dropout layers.
+        steps_per_epoch: the optimizer steps of an epoch it will train for: every
+            BatchNorm layer (a backbone's too) gets the momentum with which its moving
+            statistics settle within an epoch (see :func:`batch_norm_momentum`);
+            ``None``: chute's CNNs keep 0.9, a backbone its own.
 
     Returns:
         An uncompiled ``keras.Model`` from uint8 ``(batch, *input_shape)`` to
@@ -109,7 +155,8 @@ def build_model(
         ChuteError: unknown ``name``; ``input_shape`` not three positive
             integers with 1 or 3 channels, or smaller than the model allows;
             ``num_classes`` below 2; ``dropout`` outside ``[0, 1)``;
-            ``weights`` missing, of an unknown kind, or not fitting the model.
+            ``weights`` missing, of an unknown kind, or not fitting the model;
+            ``steps_per_epoch`` not a positive integer.
 
     Example:
         >>> model = build_model("MobileNetV2", input_shape=(32, 32, 1), num_classes=5)
@@ -122,6 +169,8 @@ def build_model(
     dropout = checks.number_in("dropout", dropout, 0.0, 1.0, high_open=True)
     weights_path = _check_weights(weights, resolved)
     imagenet = weights_path == IMAGENET
+    if steps_per_epoch is not None:
+        checks.positive_int("steps_per_epoch", steps_per_epoch)
 
     if resolved in cnns.CNNS:
         if min(shape[:2]) < cnns.MIN_SIZE:
@@ -137,6 +186,10 @@ def build_model(
         )
     if weights_path is not None and not imagenet:
         _load_weights(model, backbone, weights_path, name)
+    if steps_per_epoch is not None:
+        momentum = batch_norm_momentum(steps_per_epoch)
+        cnns.set_batch_norm_momentum(model, momentum)
+        log.debug("BatchNorm momentum %.4g (%d steps per epoch)", momentum, steps_per_epoch)
     log.info(
         "Built model %r (%s): input %s uint8, %d classes, %d parameters",
         name,

@@ -7,11 +7,20 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Any
 
 from chute.fit.config import TrainConfig
 from chute.lazy import keras
 from chute.read.augment import MIXING
+
+log = logging.getLogger(__name__)
+
+MIN_STEPS = 100
+"""The fewest optimizer steps a run should take: a CNN trained from scratch for fewer
+is still far from what its data allow (benchmarks/bench_quality.py), whatever its
+BatchNorm statistics do."""
 
 
 def categorical(config: TrainConfig) -> bool:
@@ -63,3 +72,43 @@ def make_metrics(config: TrainConfig, num_classes: int) -> list:
         else (keras.metrics.SparseTopKCategoricalAccuracy)
     )
     return ["accuracy", top(k=min(5, num_classes), name="top5")]
+
+
+def warn_if_short(
+    config: TrainConfig, steps_per_epoch: int, *, global_batch: int, train_examples: int
+) -> bool:
+    """Logs a warning when a model trained from scratch takes fewer than
+    :data:`MIN_STEPS` optimizer steps, naming its steps and the ``batch_size`` or
+    ``epochs`` that would give enough; returns whether it warned. (A pretrained
+    backbone's new head may need far fewer.)
+
+    Example:
+        >>> warn_if_short(TrainConfig(epochs=5, batch_size=256), 2, global_batch=256,
+        ...               train_examples=594)
+        True
+    """
+    steps = steps_per_epoch * config.epochs
+    if steps >= MIN_STEPS or config.pretrained:
+        return False
+    epochs = math.ceil(MIN_STEPS / steps_per_epoch)
+    replicas = max(1, global_batch // config.batch_size)
+    # the batch with which config.epochs epochs make MIN_STEPS steps (the last batch of
+    # an epoch is dropped: a whole number of batches per epoch)
+    batch = train_examples // math.ceil(MIN_STEPS / config.epochs) // replicas
+    ways = [f"more epochs (--epochs {epochs})"]
+    if batch >= 1:
+        ways.insert(0, f"a smaller batch (--batch-size {batch} or less)")
+    log.warning(
+        "This run takes %d optimizer steps (%d per epoch: %d training images in global "
+        "batches of %d, x %d epochs): too few for %s to learn what the data allow. Give "
+        "it %d or more with %s",
+        steps,
+        steps_per_epoch,
+        train_examples,
+        global_batch,
+        config.epochs,
+        config.model,
+        MIN_STEPS,
+        " or ".join(ways),
+    )
+    return True

@@ -1,13 +1,18 @@
 """JAX on several hosts: the same ``chute train`` on every host, one process on each.
 
-The processes join through ``keras.distribution.initialize`` (which starts
-``jax.distributed``, :func:`join`): on a Cloud TPU slice JAX finds the
-coordinator, the number of processes and this one's index by itself; elsewhere
-they come from ``--coordinator HOST:PORT --num-processes N --process-id I`` (the
-``coordinator``, ``num_processes`` and ``process_id`` options) or from Keras's
-``KERAS_DISTRIBUTION_JOB_ADDRESSES``, ``KERAS_DISTRIBUTION_NUM_PROCESSES`` and
-``KERAS_DISTRIBUTION_PROCESS_ID``. One ``keras.distribution.DataParallel`` then
-spans every device of every process (:mod:`chute.fit.backend`), and:
+The processes join through ``jax.distributed.initialize``, as
+``keras.distribution.initialize`` does (:func:`join`): on a Cloud TPU slice JAX
+finds the coordinator, the number of processes and this one's index by itself;
+elsewhere they come from ``--coordinator HOST:PORT --num-processes N
+--process-id I`` (the ``coordinator``, ``num_processes`` and ``process_id``
+options) or from Keras's ``KERAS_DISTRIBUTION_JOB_ADDRESSES``,
+``KERAS_DISTRIBUTION_NUM_PROCESSES`` and ``KERAS_DISTRIBUTION_PROCESS_ID``. When
+all three are known, the processes first wait for each other on the
+coordinator's port, at most ``process_timeout`` seconds (``--process-timeout``,
+300 by default): one that does not come ends the others with one line naming it
+(:mod:`chute.fit.rendezvous`), where JAX alone would abort them with a C++ stack.
+One ``keras.distribution.DataParallel`` then spans every device of every process
+(:mod:`chute.fit.backend`), and:
 
 - each process reads its own part of each split with ``chute.load``, through
   the same input context as a ``tf.distribute`` host (its own shards when there
@@ -36,8 +41,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import inspect
 import io
 import logging
+import math
 import os
 import re
 import shutil
@@ -50,7 +57,7 @@ import numpy as np
 
 from chute import checks
 from chute.errors import ChuteError
-from chute.fit import rundir
+from chute.fit import rendezvous, rundir
 from chute.fit import strategy as strategy_lib
 from chute.format import storage
 from chute.lazy import keras, tf
@@ -104,13 +111,16 @@ class Processes:
 def join(config: TrainConfig) -> Processes:
     """Joins this process to the others of a JAX run on several hosts, and says where it stands.
 
-    Joins (``keras.distribution.initialize``) when an option (``coordinator``,
-    ``num_processes``, ``process_id``) or one of Keras's variables (:data:`ENVIRONMENT`)
-    asks, unless JAX's processes are already joined (by the caller, in Python); then
-    reports JAX's own count and index. On another backend, touches nothing.
+    Joins (``jax.distributed.initialize``, as ``keras.distribution.initialize`` does) when
+    an option (``coordinator``, ``num_processes``, ``process_id``) or one of Keras's
+    variables (:data:`ENVIRONMENT`) asks, unless JAX's processes are already joined (by the
+    caller, in Python); then reports JAX's own count and index. On another backend,
+    touches nothing. With all three known, the processes first wait for each other, at
+    most ``process_timeout`` seconds (:func:`chute.fit.rendezvous.wait_for_processes`).
 
     Raises:
-        ChuteError: the options on a backend other than JAX, or JAX could not join.
+        ChuteError: the options on a backend other than JAX, a process that did not
+            come within ``process_timeout``, or JAX could not join.
     """
     asked = {name: getattr(config, name) for name in OPTIONS if getattr(config, name) is not None}
     if config.backend != "jax":
@@ -127,11 +137,23 @@ def join(config: TrainConfig) -> Processes:
 
     named = [name for name in ENVIRONMENT if os.environ.get(name)]
     if (asked or named) and not jax.distributed.is_initialized():
-        # The same seed everywhere first: Keras's initialize then skips agreeing on one.
+        # The same seed everywhere first (Keras's initialize would agree on one otherwise).
         keras.utils.set_random_seed(config.seed)
+        coordinator, count, index = _cluster(config)
+        if (
+            coordinator
+            and _ADDRESS.match(coordinator)
+            and count
+            and count > 1
+            and index is not None
+        ):
+            # JAX alone would wait in C++ and then abort (SIGABRT) for a process that never came
+            rendezvous.wait_for_processes(
+                coordinator, count=count, index=index, timeout=config.process_timeout
+            )
         try:
-            keras.distribution.initialize(
-                config.coordinator, config.num_processes, config.process_id
+            jax.distributed.initialize(
+                coordinator, count, index, **_initialization_timeout(jax, config.process_timeout)
             )
         except (ValueError, TypeError, RuntimeError) as error:
             given = {**asked, **{name: os.environ[name] for name in named}}
@@ -152,6 +174,41 @@ def join(config: TrainConfig) -> Processes:
             jax.device_count(),
         )
     return processes
+
+
+def _cluster(config: TrainConfig) -> tuple[str | None, int | None, int | None]:
+    """The coordinator's address, the number of processes and this one's index: from the
+    options, else from Keras's variables (read as ``keras.distribution.initialize`` reads
+    them: the first of several addresses is the coordinator); None where neither says."""
+    values: list[Any] = []
+    for option, variable in zip(OPTIONS, ENVIRONMENT, strict=True):
+        value = getattr(config, option)
+        if value is None and os.environ.get(variable):
+            value = os.environ[variable]
+            if option != "coordinator":
+                if not value.strip().isdigit():
+                    raise checks.bad_value(variable, value, "a whole number")
+                value = int(value)
+        values.append(value)
+    coordinator, count, index = values
+    if coordinator and "," in coordinator:
+        addresses = coordinator.split(",")
+        if count is not None and count != len(addresses):
+            raise ChuteError(
+                f"{ENVIRONMENT[0]} lists {len(addresses)} addresses but there are {count} "
+                f"processes: list one per process, or only process 0's. Received: "
+                f"{ENVIRONMENT[0]}={coordinator!r}, num_processes={count}"
+            )
+        coordinator = addresses[0]
+    return coordinator, count, index
+
+
+def _initialization_timeout(jax: Any, seconds: float) -> dict[str, int]:
+    """``jax.distributed.initialize``'s own wait, ``seconds`` rounded up, where this JAX
+    takes it (an older one has its fixed wait)."""
+    if "initialization_timeout" in inspect.signature(jax.distributed.initialize).parameters:
+        return {"initialization_timeout": max(1, math.ceil(seconds))}
+    return {}
 
 
 def prepare_run(
@@ -282,19 +339,6 @@ def alone(strategy: Any) -> Iterator[None]:
         keras.distribution.set_distribution(previous)
 
 
-def restoring(strategy: Any, backups: Sequence[Any]) -> list:
-    """``backups`` (``keras.callbacks.BackupAndRestore``) as this process runs them.
-
-    One process: as they are. Several JAX processes: every process restores from its
-    backup when training begins (a collective: all assign the same values, the chief's,
-    see :func:`prepare_run`); only the chief writes the backups, alone (:func:`alone`).
-    """
-    if getattr(strategy, "processes", 1) == 1:
-        return list(backups)
-    chief = is_chief(strategy)
-    return [_on_chief(callback, strategy, restores=True, writes=chief) for callback in backups]
-
-
 def chief_only(strategy: Any, writers: Sequence[Any]) -> list:
     """Callbacks that write the run folder (checkpoints, logs), as this process runs them:
     as they are on one process; on several JAX processes, the chief's alone
@@ -303,13 +347,11 @@ def chief_only(strategy: Any, writers: Sequence[Any]) -> list:
         return list(writers)
     if not is_chief(strategy):
         return []
-    return [_on_chief(callback, strategy, restores=False, writes=True) for callback in writers]
+    return [_on_chief(callback, strategy) for callback in writers]
 
 
-def _on_chief(callback: Any, strategy: Any, *, restores: bool, writes: bool) -> Any:
-    """``callback`` whose ``on_train_begin`` runs as it is (every process: what it
-    restores is a collective) when ``restores``, and its other hooks only when
-    ``writes``, under :func:`alone` (also its ``on_train_begin`` unless ``restores``)."""
+def _on_chief(callback: Any, strategy: Any) -> Any:
+    """``callback`` whose hooks run under :func:`alone` (the chief's, not a collective)."""
 
     class OnChief(keras.callbacks.Callback):
         def set_model(self, model):
@@ -320,18 +362,15 @@ def _on_chief(callback: Any, strategy: Any, *, restores: bool, writes: bool) -> 
             super().set_params(params)
             callback.set_params(params)
 
-    def forward(name: str, *, together: bool):
+    def forward(name: str):
         def hook(self, *args, **kwargs):
-            with contextlib.nullcontext() if together else alone(strategy):
+            with alone(strategy):
                 return getattr(callback, name)(*args, **kwargs)
 
         return hook
 
-    if restores or writes:
-        OnChief.on_train_begin = forward("on_train_begin", together=restores)
-    if writes:
-        for name in _HOOKS:
-            setattr(OnChief, name, forward(name, together=False))
+    for name in ("on_train_begin", *_HOOKS):
+        setattr(OnChief, name, forward(name))
     return OnChief()
 
 

@@ -27,7 +27,12 @@ from chute.format.bundle import META_NAME, RUN_SUBDIR
 
 # what a run writes: replaced by --overwrite (nothing else in the folder is touched)
 STARTED = "started.json"  # what the backup depends on (see prepare)
-_ENTRIES = ("bundle", "checkpoints", "logs", "backup", "history.csv", STARTED)
+PROGRESS = "progress-{}.json"  # a phase's history while it runs (see trainable.progress)
+_PHASES = ("all", "head", "fine-tune")
+_ENTRIES = (
+    "bundle", "checkpoints", "logs", "backup", "history.csv", STARTED,
+    *(PROGRESS.format(phase) for phase in _PHASES),
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

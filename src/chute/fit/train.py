@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -32,10 +33,11 @@ import numpy as np
 from chute.errors import ChuteError
 from chute.fit import backbones, cnns, models, position, rundir, trainable
 from chute.fit import backend as backend_lib
+from chute.fit import backup as backup_lib
 from chute.fit import processes as processes_lib
 from chute.fit import strategy as strategy_lib
 from chute.fit.config import TrainConfig
-from chute.fit.objective import categorical, make_loss, make_metrics, make_optimizer
+from chute.fit.objective import categorical, make_loss, make_metrics, make_optimizer, warn_if_short
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import load_model, save_bundle
@@ -162,8 +164,11 @@ def train(
 
 
 def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[str, Any]:
-    """What a run's backup depends on (the model's layers and shapes, its training phases,
-    the classes): an interrupted run resumes only with the same."""
+    """What a run's backup depends on: the model's layers and shapes, the classes, its
+    training phases, the optimizer's variables (optimizer, precision: a loss-scale
+    optimizer), the augmentation layers in the train step, and the step count that the
+    input position and the schedule follow (the batch size). An interrupted run resumes
+    only with the same."""
     stored = [manifest.image.height, manifest.image.width]
     return {
         "model": config.model,
@@ -171,7 +176,13 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
         "channels": manifest.image.channels,
         "class_names": list(manifest.class_names),
         "fine_tune": config.fine_tune,
+        "head_epochs": config.head_epochs,
         "backend": config.backend,
+        "optimizer": config.optimizer,
+        "precision": config.precision,
+        "augment": list(config.augment),
+        "augment_on": config.augment_on,
+        "batch_size": config.batch_size,
     }
 
 
@@ -418,12 +429,15 @@ def _built_model(
     config: TrainConfig, manifest: manifest_lib.Manifest, strategy: Any, inputs: _Inputs
 ) -> Any:
     """The model, built inside the strategy's scope (compiled per phase, see _fit_phases)."""
+    examples = manifest.num_examples("train")
+    warn_if_short(config, inputs.steps, global_batch=inputs.global_batch, train_examples=examples)
     with strategy.scope():
         model = models.build_model(
             config.model,
             input_shape=inputs.input_shape,
             num_classes=manifest.num_classes,
             weights=config.weights,
+            steps_per_epoch=inputs.steps,  # BatchNorm's moving statistics settle in an epoch
         )
         if strategy.num_replicas_in_sync > 1 and config.backend == "tensorflow":
             # Batch statistics over the global batch, as on one device; every
@@ -535,21 +549,23 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
         )
     timer = _EpochTimer()
     kept = trainable.progress(run, phase.name, inputs.monitor, config.early_stopping)
-    engine = info_of(inputs.train).options.engine
+    # every process restores (on several JAX processes a collective: the same values, the
+    # chief's, see processes.prepare_run); only the chief writes backups, alone
+    store = backup_lib.Backup(phase.backup)
+    point = store.latest()  # fit starts from its epoch; its weights load in fit (built)
+    epoch = kept.resume_at(point.epoch if point else 0)
     where = position.input_position(
         inputs.train,
         steps=inputs.steps,
         first_epoch=phase.first_epoch,
-        engine=engine,
-        backup=phase.backup,
+        engine=info_of(inputs.train).options.engine,
+        save=_saver(store, strategy),
+        every=config.backup_every,
+        restore=None if point is None else functools.partial(store.load, point=point),
     )
     callbacks = [
         *([_PaddedValLoss(inputs.val_padded)] if inputs.val_padded != 1 else []),
-        # first: the others see saved epochs (and the position, the restored step)
-        *processes_lib.restoring(
-            strategy, position.backups(phase.backup, config.backup_every, inputs.steps)
-        ),
-        where,
+        where,  # first: the others see saved epochs (and the position, the restored step)
         *processes_lib.chief_only(
             strategy,
             [
@@ -561,11 +577,13 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
         kept,
         timer,
     ]
-    while True:
+
+    def fit(initial_epoch: int) -> None:
         trainer.fit(
             inputs.train,
             validation_data=inputs.val,
             epochs=phase.epochs,
+            initial_epoch=initial_epoch,
             steps_per_epoch=inputs.steps if inputs.repeated else None,
             validation_steps=inputs.val_steps,
             callbacks=callbacks,
@@ -573,8 +591,34 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
             shuffle=False,  # the dataset shuffles itself (Keras would only warn)
             verbose=verbose,
         )
-        if not where.cut:  # else a resumed epoch ended: the rest goes on from its backup
-            return kept.finish(), timer.seconds
+
+    _fit_until_done(fit, where, kept, first=epoch)
+    return kept.finish(), timer.seconds
+
+
+def _fit_until_done(fit: Any, where: Any, kept: Any, *, first: int) -> None:
+    """Calls ``fit(initial_epoch)`` from ``first`` until the phase is over: a resumed epoch
+    ends early (``where.cut``) and the next call goes on from the next epoch, unless
+    early stopping (``kept.stopped``) ended the phase at that epoch."""
+    epoch = first
+    while True:
+        fit(epoch)
+        if not where.cut or kept.stopped:
+            return
+        epoch = where.next_epoch
+
+
+def _saver(store: backup_lib.Backup, strategy: Any) -> Any:
+    """``store.save`` as this process runs it: the chief's alone (not a collective on
+    several JAX processes), none on the other processes."""
+    if not processes_lib.is_chief(strategy):
+        return None
+
+    def save(model: Any, epoch: int) -> None:
+        with processes_lib.alone(strategy):
+            store.save(model, epoch)
+
+    return save
 
 
 def _save_best(model, manifest, run, config: TrainConfig, precision: str, strategy, inputs):
@@ -635,8 +679,10 @@ def _write_reports(run, result: TrainResult, config: TrainConfig, history, manif
         {"data": manifest.location, **dataclasses.asdict(config), "effective": effective},
     )
     run.write_json("history.json", history)
-    if result.strategy == "multiworker":  # the fit path's CSVLogger wrote it epoch by epoch
-        names = list(history)
+    # CSVLogger wrote it epoch by epoch (not under chute's multi-worker loop); written anew
+    # from the whole history, the epochs of a run resumed from an older backup appear once
+    if history:
+        names = sorted(history)
         rows = ["epoch," + ",".join(names)] + [
             f"{e}," + ",".join(str(history[n][e]) for n in names)
             for e in range(len(history[names[0]]))

@@ -24,6 +24,7 @@ import json
 import logging
 from typing import Any
 
+from chute.fit import rundir
 from chute.fit.backbones import BACKBONE_LAYER
 from chute.format import storage
 from chute.lazy import keras
@@ -151,14 +152,21 @@ def progress(run: Any, phase: str, monitor: str, patience: int | None) -> Any:
     starting a new one, and stopping after ``patience`` epochs without a better
     ``monitor`` counting the epochs before the resume too. ``.history`` is the whole
     phase's history."""
-    path = run.join(f"progress-{phase}.json")
+    path = run.join(rundir.PROGRESS.format(phase))
 
     class Progress(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self.history: dict[str, list[float]] = {}
+            self.stopped = False  # early stopping ended the phase
             if storage.exists(path):  # epochs an interrupted run already did
                 self.history = json.loads(storage.read_bytes(path))
+
+        def resume_at(self, epoch: int) -> int:
+            """The phase goes on from ``epoch`` (its backup's): epochs recorded after it
+            (a backup set aside, an older one restored) are dropped. Returns ``epoch``."""
+            self.history = {name: values[:epoch] for name, values in self.history.items()}
+            return epoch
 
         def on_epoch_end(self, epoch, logs=None):
             for name, value in (logs or {}).items():
@@ -169,7 +177,7 @@ def progress(run: Any, phase: str, monitor: str, patience: int | None) -> Any:
                 waited = len(scores) - 1 - scores.index(max(scores))
                 if waited >= patience:
                     log.info("no better %s for %d epochs: stopping", monitor, waited)
-                    self.model.stop_training = True
+                    self.model.stop_training = self.stopped = True
 
         def finish(self) -> dict[str, list[float]]:
             """The phase's whole history; its file is no longer needed."""
