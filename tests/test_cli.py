@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import shlex
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from helpers import make_folder, run_cli, run_here
+from helpers import make_folder, run_cli, run_here, write_image
 from PIL import Image
 
 import chute
@@ -91,3 +96,122 @@ def test_cli_unwritable_output_path_is_one_line(shared_dataset, tmp_path):
     result = run_here("inspect", shared_dataset, "--grid", tmp_path / "no" / "such" / "grid.png")
     assert result.returncode == 1, result.stderr
     assert "chute inspect: error:" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- a first run: what a new user meets -----------------------------------------------------
+
+
+def _without_tensorflow(*args: str) -> subprocess.CompletedProcess:
+    """``chute ARGS`` in a fresh process where TensorFlow cannot be imported."""
+    code = (
+        "import sys; sys.modules['tensorflow'] = None  # as if it were not installed\n"
+        "from chute.cli import main\n"
+        f"sys.exit(main({[str(a) for a in args]!r}))"
+    )
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "inspect", "verify"])
+def test_a_folder_of_images_is_named_with_the_convert_command(tmp_path, command):
+    images = make_folder(tmp_path / "my images", {"cat": 2, "dog": 2})  # class sub-folders
+    args = {"evaluate": ("evaluate", tmp_path / "run", images)}.get(command, (command, images))
+    done = run_here(*args)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("chute ")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    out = shlex.quote(f"{images}-shards")
+    assert f"chute convert {shlex.quote(str(images))} {out}" in errors[0]
+    assert f"chute {command} {out}" in errors[0] and "a folder of images" in errors[0]
+
+
+def test_image_files_at_the_top_are_images_too_and_other_folders_are_not(tmp_path):
+    flat = tmp_path / "flat"
+    write_image(flat / "x.JPG", fmt="JPEG")
+    assert "chute convert" in run_here("train", flat).stderr
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes" / "a").mkdir(parents=True)
+    (tmp_path / "notes" / "a" / "readme.txt").write_text("no images")
+    for folder in (tmp_path / "empty", tmp_path / "notes"):
+        done = run_here("inspect", folder)
+        assert done.returncode == 2 and "not a chute dataset" in done.stderr
+        assert "chute convert" not in done.stderr
+
+
+def test_train_without_tensorflow_names_chute_extras(shared_dataset, tmp_path):
+    done = _without_tensorflow("train", shared_dataset, "--run-dir", tmp_path / "run")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "pip install 'chute[tensorflow]'" in done.stderr
+    assert "'chute[tensorflow-cpu]'" in done.stderr
+    assert "pip install tensorflow" not in done.stderr  # chute's extras, not a bare wheel
+
+
+def test_inspect_grid_fails_before_the_report(shared_dataset, tmp_path):
+    done = run_here("inspect", shared_dataset, "--grid", tmp_path / "no" / "such" / "grid.png")
+    assert done.returncode == 1 and "chute inspect: error:" in done.stderr
+    assert done.stdout == ""  # not the whole report, then the error
+    done = _without_tensorflow("inspect", shared_dataset, "--grid", tmp_path / "grid.png")
+    assert done.returncode == 2 and "pip install 'chute[tensorflow]'" in done.stderr
+    assert done.stdout == "" and not (tmp_path / "grid.png").exists()
+
+
+def test_verify_prints_each_problem_once(shared_dataset, tmp_path):
+    out = Path(shutil.copytree(shared_dataset, tmp_path / "out"))
+    shard = out / chute.load_manifest(out).splits["train"]["shards"][0]["file"]
+    shard.write_bytes(shard.read_bytes()[:-7])  # truncated: size, sha256, records
+    done = run_here("verify", out, "--no-progress")
+    assert done.returncode == 1
+    named = [line for line in done.stderr.splitlines() if shard.name in line]
+    assert len(named) >= 2 and all(line.startswith(f"BAD {shard.name}: ") for line in named)
+    assert len(set(named)) == len(named), done.stderr  # each problem once
+
+
+def _verbose_given(monkeypatch, *flags: str, terminal: bool = False):
+    """The ``verbose`` that ``chute train FLAGS`` passes to the library's train."""
+    import chute.fit.train
+
+    seen = {}
+
+    def train(*args, verbose="auto", **kwargs):
+        seen["verbose"] = verbose
+        raise chute.ChuteError("stopped by the test")
+
+    class Stdout(io.StringIO):
+        def isatty(self) -> bool:
+            return terminal
+
+    monkeypatch.setattr(chute.fit.train, "train", train)
+    monkeypatch.setattr(sys, "stdout", Stdout())
+    assert cli.main(["train", "somewhere", *flags]) == 2
+    return seen["verbose"]
+
+
+def test_train_shows_keras_progress_bars_only_on_a_terminal(monkeypatch):
+    # A redirected `chute train > log` gets one line per epoch (Keras's verbose=2), not a
+    # bar redrawn with carriage returns and ANSI codes at every step.
+    assert _verbose_given(monkeypatch) == 2
+    assert _verbose_given(monkeypatch, terminal=True) == 1
+    assert _verbose_given(monkeypatch, "--progress") == 1
+    assert _verbose_given(monkeypatch, "--no-progress", terminal=True) == 2
+
+
+def _help(*command: str) -> str:
+    done = run_here(*command, "--help")
+    assert done.returncode == 0
+    return " ".join(done.stdout.split())  # argparse's line wrapping undone
+
+
+def test_every_export_argument_has_help():
+    export = cli._parser()._subparsers._group_actions[0].choices["export"]
+    for action in export._actions:
+        assert action.help, action.dest
+    text = _help("export")
+    assert "RUN a chute train run folder" in text and "TF Serving" in text
+
+
+def test_train_help_says_what_the_seed_is_for():
+    # The seed chute train passes to either engine: 1337 unless given (chute.load's Grain
+    # engine draws one only when called without a seed).
+    text = _help("train")
+    assert "--seed N seeds Keras, the data order and augmentation, whichever --engine reads " \
+        "(default: 1337)" in text  # fmt: skip

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Collection, Sequence
 
@@ -136,7 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
     train = commands.add_parser("train", help="train a Keras model on converted shards")
-    train.add_argument("data", metavar="DATA", help="a folder written by chute convert")
+    train.add_argument(
+        "data", metavar="DATA", help="a folder written by chute convert (not the images)"
+    )
     train.add_argument("--run-dir", help="where the model and reports go (default: runs/MODEL)")
     train.add_argument("--config", metavar="FILE.toml", help="options from a TOML file; flags win")
     _add_options(train, TrainConfig)
@@ -145,6 +148,13 @@ def _parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="start over in a run_dir holding a finished or an interrupted run of other options",
+    )
+    train.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Keras's progress bar, redrawn every step (default: when stdout is a terminal; "
+        "else one line per epoch, for a log file)",
     )
 
     evaluate = commands.add_parser("evaluate", help="loss, accuracy, top-5, per-class, confusion")
@@ -167,20 +177,33 @@ def _parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true")
     output.add_argument("--csv", action="store_true")
 
+    _add_export(commands)
+    _add_bench(commands)
+    _add_data_service(commands)
+    _add_demo(commands)
+    return parser
+
+
+def _add_export(commands) -> None:
     export = commands.add_parser("export", help="write a model for TF Serving or reloading")
-    export.add_argument("run", metavar="RUN")
-    export.add_argument("--format", choices=("savedmodel", "keras"), default="savedmodel")
-    export.add_argument("--output", required=True, metavar="DIR")
+    export.add_argument(
+        "run", metavar="RUN", help="a chute train run folder, or a model bundle (its folder)"
+    )
+    export.add_argument(
+        "--format",
+        choices=("savedmodel", "keras"),
+        default="savedmodel",
+        help="savedmodel: a TensorFlow SavedModel for TF Serving (uint8 images in, class "
+        "probabilities out); keras: the bundle's model.keras, to reload with Keras or chute "
+        "predict; either with chute.json (class names, image spec) beside it "
+        "(default: %(default)s)",
+    )
+    export.add_argument("--output", required=True, metavar="DIR", help="the folder to write")
     export.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an earlier chute export in DIR (a folder of other files never is)",
     )
-
-    _add_bench(commands)
-    _add_data_service(commands)
-    _add_demo(commands)
-    return parser
 
 
 def _add_bench(commands) -> None:
@@ -322,7 +345,65 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _looks_like_images(folder: str, *, levels: int = 2, budget: int = 64) -> bool:
+    """Whether a local folder holds image files at its top or in sub-folders up to
+    ``levels`` down (class folders, or split folders of them); it stops at the first
+    image and lists at most ``budget`` folders, so a large tree costs no time."""
+    from chute.image.files import is_image
+
+    pending = [(folder, 0)]
+    while pending and budget > 0:
+        path, level = pending.pop(0)
+        budget -= 1
+        try:
+            entries = sorted(os.scandir(path), key=lambda entry: entry.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                if entry.is_dir() and level < levels:
+                    pending.append((entry.path, level + 1))
+                elif is_image(entry.name) and entry.is_file():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _refuse_image_folder(path: str, name: str, command: str) -> None:
+    """Refuses a folder of images where a converted dataset belongs, with the command
+    that converts it (the manifest's own error only says it is not a chute dataset).
+
+    Raises:
+        ChuteError: ``path`` is a local folder with images and no manifest.
+    """
+    from chute.format.manifest import MANIFEST_NAME
+
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        return
+    if not _looks_like_images(path):
+        return
+    folder = os.path.normpath(path)
+    if os.path.basename(folder) in ("", ".", ".."):
+        folder = os.path.abspath(folder)
+    out = shlex.quote(folder + "-shards")
+    raise ChuteError(
+        f"`{name}` must be a folder written by chute convert (with its {MANIFEST_NAME}); "
+        f"Received: {name}={path!r}, a folder of images. Convert it first: chute convert "
+        f"{shlex.quote(path)} {out} (with --image-size, --val-fraction as you need), then "
+        f"chute {command} {out}"
+    )
+
+
 def _inspect(args: argparse.Namespace) -> int:
+    _refuse_image_folder(args.path, "OUT", "inspect")
+    grid = None
+    if args.grid:  # first: whatever makes it fail (a path, TensorFlow) fails before the report
+        from chute.tools.grid import draw_grid
+
+        grid = draw_grid(args.path, args.grid, split=args.split)
     if args.json:
         from chute.format.manifest import load
 
@@ -331,15 +412,15 @@ def _inspect(args: argparse.Namespace) -> int:
         from chute.tools.inspect import inspect
 
         print(inspect(args.path))
-    if args.grid:
-        from chute.tools.grid import draw_grid
-
-        print(f"grid of sample images: {draw_grid(args.path, args.grid, split=args.split)}")
+    if grid:
+        print(f"grid of sample images: {grid}")
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
     from chute.tools.verify import verify
+
+    _refuse_image_folder(args.path, "OUT", "verify")
 
     bars = _Bars(_progress_enabled(args.progress))
     try:
@@ -356,6 +437,11 @@ def _verify(args: argparse.Namespace) -> int:
                 f"  {report.num_shards - report.num_indexes} shard(s) have no record index "
                 f"(random access, Grain): `chute index {args.path}` adds them"
             )
+        if report.old_layout_indexes:
+            print(
+                f"  {report.old_layout_indexes} record index(es) lie beside the shards, where "
+                f"shard globs (train-*) read them: `chute index {args.path}` moves them"
+            )
         return 0
     for shard, problem in report.problems:
         print(f"BAD {shard}: {problem}", file=sys.stderr)
@@ -367,17 +453,24 @@ def _verify(args: argparse.Namespace) -> int:
 def _index(args: argparse.Namespace) -> int:
     from chute.tools.index import index
 
+    _refuse_image_folder(args.path, "OUT", "index")
+
     bars = _Bars(_progress_enabled(args.progress))
     try:
         report = index(args.path, progress=bars)
     finally:
         bars.close()
+    if report.moved:
+        print(
+            f"moved {len(report.moved)} record index(es) of {args.path} from beside the shards "
+            "(where shard globs such as train-* read them) into its index/ folder"
+        )
     if report.already_indexed:
         print(
             f"{args.path} already has the record indexes of its {report.num_shards} shard(s): "
             "nothing to do."
         )
-    else:
+    elif report.written:
         print(
             f"indexed {len(report.written)} of {report.num_shards} shard(s) of {args.path}; "
             "the manifest names their indexes"
@@ -393,8 +486,14 @@ def _train(args: argparse.Namespace) -> int:
     if reading:
         flags["load"] = reading
     config = TrainConfig.from_toml(args.config, **flags) if args.config else TrainConfig(**flags)
+    _refuse_image_folder(args.data, "DATA", "train")
     run_dir = args.run_dir or os.path.join("runs", config.model)
-    result = train(args.data, run_dir, config=config, overwrite=args.overwrite)
+    # Keras's bar is redrawn with carriage returns and ANSI codes every step: in a log
+    # file (stdout not a terminal) one line per epoch (verbose=2) says the same
+    bar = sys.stdout.isatty() if args.progress is None else args.progress
+    result = train(
+        args.data, run_dir, config=config, overwrite=args.overwrite, verbose=1 if bar else 2
+    )
     best = (
         "n/a (no val split)"
         if result.best_val_accuracy is None
@@ -423,6 +522,7 @@ def _train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from chute.fit.evaluate import evaluate
 
+    _refuse_image_folder(args.data, "DATA", "evaluate")
     report = evaluate(args.model, args.data, split=args.split, out_dir=args.out)
     print(
         f"{args.split}: {report.examples} images, loss {report.loss:.4f}, "
@@ -450,8 +550,8 @@ def _predict(args: argparse.Namespace) -> int:
     else:
         for item in result.predictions:
             top = ", ".join(f"{name} {p:.3f}" for name, p in item.top)
-            print(f"{item.path}: {top}")
-    for path, reason in result.failures:
+            print(f"{item.text_path}: {top}")
+    for path, reason in result.text_failures:  # names not UTF-8: as their keys, \xNN
         print(f"could not classify {path}: {reason}", file=sys.stderr)
     if not result.predictions:  # a partial success is a success; nothing classified is not
         print(

@@ -26,12 +26,16 @@ from chute.errors import ChuteError
 
 # What to install when a module is missing: TensorFlow is the user's choice of build, never a
 # hard requirement that would lay the plain wheel over a TPU VM's or a CUDA image's own.
+# chute's extras, in every message that asks for TensorFlow (fit.backend's too).
+TENSORFLOW_BUILDS = (
+    "pip install 'chute[tensorflow]' (CPU or GPU), 'chute[tensorflow-cpu]' (beside JAX, "
+    "e.g. on a TPU VM), or keep the machine's own (tensorflow-tpu, tf-nightly, a "
+    "preinstalled wheel)"
+)
 INSTALL = {
     "tensorflow": (
         "chute reads and trains with TensorFlow, which is not installed here. Install the "
-        "build for this machine beside chute: pip install 'chute[tensorflow]' (CPU or GPU), "
-        "'chute[tensorflow-cpu]' (beside JAX, e.g. on a TPU VM), or keep the machine's own "
-        "(tensorflow-tpu, tf-nightly, a preinstalled wheel)"
+        f"build for this machine beside chute: {TENSORFLOW_BUILDS}"
     ),
     "keras": "chute needs Keras 3: pip install 'keras>=3'",
 }

@@ -4,7 +4,8 @@ class captions in a font that can draw them."""
 from __future__ import annotations
 
 import numpy as np
-from PIL import Image
+import pytest
+from PIL import Image, ImageDraw
 
 from chute.fit import plots
 from chute.fit.evaluate import EvalReport
@@ -62,3 +63,65 @@ def test_caption_uses_a_font_that_covers_the_name():
     text, font = plots.caption(5, "ಕ")
     # Either a font on this machine draws Kannada, or the caption is the index alone.
     assert text == "5" or (text == "5: ಕ" and plots.covers(font, "ಕ"))
+
+
+def _texts(monkeypatch) -> list[tuple[tuple[float, float], str]]:
+    """Records every ``(position, text)`` the pictures draw (Pillow draws them still)."""
+    drawn: list[tuple[tuple[float, float], str]] = []
+    original = ImageDraw.ImageDraw.text
+
+    def text(self, xy, string, *args, **kwargs):
+        drawn.append((tuple(xy), string))
+        return original(self, xy, string, *args, **kwargs)
+
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text", text)
+    return drawn
+
+
+@pytest.mark.parametrize(
+    ("epochs", "ticks"),
+    [(1, [1]), (3, [1, 2, 3]), (10, list(range(1, 11))), (12, [1, 2, 4, 6, 8, 10, 12]),
+     (40, [1, 5, 10, 15, 20, 25, 30, 35, 40]), (230, [1, 50, 100, 150, 200])],
+)  # fmt: skip
+def test_epoch_ticks_are_whole_epochs_about_ten_at_most(epochs, ticks):
+    assert plots.epoch_ticks(epochs) == ticks
+
+
+def test_curves_mark_the_epochs_on_the_x_axis(tmp_path, monkeypatch):
+    drawn = _texts(monkeypatch)
+    history = {"loss": [2.0, 1.0, 0.5], "val_loss": [2.2, 1.4, 0.9], "accuracy": [0.2, 0.6, 0.9]}
+    path = plots.draw_curves(history, tmp_path / "curves.png")
+    for left in (0, 420):  # each panel: epochs 1, 2, 3 from the box's left to its right
+        ticks = {text: x for (x, y), text in drawn if text in "123" and left <= x < left + 420}
+        assert list(ticks) == ["1", "2", "3"]
+        assert ticks["1"] == left + 40 and ticks["3"] == left + 420 - 15
+        assert ticks["2"] == (ticks["1"] + ticks["3"]) / 2
+    assert [text for _, text in drawn].count("epoch") == 2
+    picture = np.asarray(Image.open(path).convert("L"))
+    assert picture[300 - 40 + 2, 40 + (420 - 15 - 40) // 2] < 128  # epoch 2's tick mark
+
+
+def test_heat_map_shows_each_count_and_a_colour_scale(tmp_path, monkeypatch):
+    drawn = _texts(monkeypatch)
+    report = _report(4)
+    path = plots.draw_confusion(report, tmp_path / "c.png")
+    cell, left, top = 22, 170, 30
+    matrix = report.confusion_matrix()
+    for i in range(4):
+        for j in range(4):
+            centre = (left + j * cell + cell / 2, top + i * cell + cell / 2)
+            assert (centre, str(matrix[i, j])) in drawn
+    picture = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    # the colour scale, right of the matrix: blue (right) and red (wrong) bars from the
+    # largest count (5, at the top) down to 0 (white, at the bottom)
+    right = left + 4 * cell
+    columns = [x for x in range(right, picture.shape[1]) if tuple(picture[top, x]) == (0, 0, 255)]
+    assert columns, "no blue bar"
+    bar = columns[0]
+    assert tuple(picture[top + 4 * cell - 1, bar]) == (255, 255, 255)
+    reds = [x for x in range(bar, picture.shape[1]) if tuple(picture[top, x]) == (255, 0, 0)]
+    assert reds and tuple(picture[top + 4 * cell - 1, reds[0]]) == (255, 255, 255)
+    shades = picture[top : top + 4 * cell, bar, 0]
+    assert (np.diff(shades) >= 0).all()  # lighter all the way down
+    labels = [text for (x, _), text in drawn if x > bar]
+    assert "5" in labels and "0" in labels  # its ends, labelled

@@ -37,14 +37,14 @@ from typing import Any
 from chute import checks
 from chute.errors import ChuteError
 from chute.fit import strategy as strategy_lib
-from chute.lazy import keras, tf
+from chute.lazy import TENSORFLOW_BUILDS, keras, tf
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("tensorflow", "jax", "torch")
 # What to install when a backend's package is missing.
 INSTALL = {
-    "tensorflow": "pip install tensorflow (or tensorflow-cpu)",
+    "tensorflow": TENSORFLOW_BUILDS,
     "jax": "pip install 'chute[jax]' (or jax[cpu], jax[cuda12], jax[tpu])",
     "torch": "pip install torch",
 }

@@ -35,6 +35,7 @@ _FONT_DIRS = (
 )
 _MISSING = "\U0010fffd"  # a private-use code point no font draws: its mask is .notdef's
 _CAPTION_SIZE = 14
+_COUNT_SIZE = 11  # the counts in the confusion's cells
 HEAT_MAP_CLASSES = 30  # the confusion is a heat map up to this many classes, else pairs
 _THUMB = 48  # side of a sample image next to a confused pair
 
@@ -51,10 +52,12 @@ def _system_fonts() -> tuple[str, ...]:
 
 
 @cache
-def _font(path: str | None) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+def _font(
+    path: str | None, size: int = _CAPTION_SIZE
+) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     if path is None:
-        return ImageFont.load_default(size=_CAPTION_SIZE)
-    return ImageFont.truetype(path, _CAPTION_SIZE)
+        return ImageFont.load_default(size=size)
+    return ImageFont.truetype(path, size)
 
 
 def covers(font, text: str) -> bool:
@@ -103,8 +106,26 @@ def save_png(image: Image.Image, path: str | os.PathLike) -> str:
     return path
 
 
+def epoch_ticks(epochs: int, *, most: int = 10) -> list[int]:
+    """The epochs (counted from 1, as Keras shows them) labelled on a curve's x axis:
+    each one up to ``most`` epochs, else the first and every 2nd, 5th, 10th, 20th, ...,
+    whichever step keeps the labels to about ``most``.
+
+    Example:
+        >>> epoch_ticks(3)
+        [1, 2, 3]
+        >>> epoch_ticks(40)
+        [1, 5, 10, 15, 20, 25, 30, 35, 40]
+    """
+    step = 1
+    while -(-epochs // step) > most:
+        step = step * 5 // 2 if str(step)[0] == "2" else step * 2  # 1, 2, 5, 10, 20, 50, ...
+    return sorted({1, *range(step, epochs + 1, step)})
+
+
 def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> str:
-    """Training curves: loss and accuracy per epoch, training and validation.
+    """Training curves: loss and accuracy per epoch, training and validation, with
+    the epochs marked on the x axis (:func:`epoch_ticks`).
 
     Example:
         >>> draw_curves({"loss": [1.0, 0.5]}, "curves.png")  # doctest: +SKIP
@@ -114,6 +135,7 @@ def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> 
     width, height, margin = 420, 300, 40
     image, draw = _canvas(width * max(1, len(panels)), height)
     font = _font(None)
+    colours = {"train": "#1f77b4", "val": "#d62728"}
     for index, name in enumerate(panels):
         left = index * width
         series = {"train": history.get(name, []), "val": history.get(f"val_{name}", [])}
@@ -122,26 +144,36 @@ def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> 
         span = (high - low) or 1.0
         epochs = max(len(s) for s in series.values())
         box = (left + margin, margin, left + width - 15, height - margin)
+
+        def x_of(i: int, box=box, epochs=epochs) -> float:  # i counted from 0
+            return box[0] + (box[2] - box[0]) * (i / max(1, epochs - 1))
+
         draw.rectangle(box, outline="black")
         draw.text((left + margin, 10), f"{name} per epoch", fill="black", font=font)
         draw.text((left + 5, margin), f"{high:.3g}", fill="black", font=font)
         draw.text((left + 5, height - margin - 14), f"{low:.3g}", fill="black", font=font)
-        for colour, (label, points) in zip(("#1f77b4", "#d62728"), series.items(), strict=True):
+        for epoch in epoch_ticks(epochs):
+            x = x_of(epoch - 1)
+            draw.line((x, box[3], x, box[3] + 4), fill="black")
+            draw.text((x, box[3] + 6), str(epoch), fill="black", font=font, anchor="mt")
+        draw.text(((box[0] + box[2]) / 2, box[3] + 22), "epoch", fill="black", font=font,
+                  anchor="mt")  # fmt: skip
+        legend_x = box[2]
+        for label in ("val", "train"):  # top right, right to left
+            if series[label]:
+                draw.text((legend_x, 10), label, fill=colours[label], font=font, anchor="ra")
+                legend_x -= int(font.getlength(label)) + 10
+        for label, points in series.items():
             if not points:
                 continue
             xy = [
-                (
-                    box[0] + (box[2] - box[0]) * (i / max(1, epochs - 1)),
-                    box[3] - (box[3] - box[1]) * ((v - low) / span),
-                )
+                (x_of(i), box[3] - (box[3] - box[1]) * ((v - low) / span))
                 for i, v in enumerate(points)
             ]
             if len(xy) > 1:
-                draw.line(xy, fill=colour, width=2)
+                draw.line(xy, fill=colours[label], width=2)
             for x, y in xy:
-                draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=colour)
-            legend_y = height - margin + 8 + (14 if label == "val" else 0)
-            draw.text((left + margin, legend_y), label, fill=colour, font=font)
+                draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=colours[label])
     return save_png(image, out_png)
 
 
@@ -164,9 +196,10 @@ def draw_confusion(
     max_classes: int = HEAT_MAP_CLASSES,
     samples: dict | None = None,
 ) -> str:
-    """The confusion matrix as a heat map; with many classes, the most confused pairs,
-    each with a sample image of both classes when ``samples`` (label -> HxWxC
-    uint8 image) has them.
+    """The confusion matrix as a heat map, each cell with its count and a colour
+    scale beside it; with more than ``max_classes`` classes, the most confused
+    pairs, each with a sample image of both classes when ``samples`` (label ->
+    HxWxC uint8 image) has them.
 
     ``report`` is a :class:`chute.fit.evaluate.EvalReport`.
     """
@@ -203,22 +236,47 @@ def draw_confusion(
                 anchor="lm",
             )
         return save_png(image, out_png)
-    cell, left, top = 22, 170, 30
     size, matrix = len(names), report.confusion_matrix().tolist()
-    image, draw = _canvas(left + cell * size + 10, top + cell * size + 10)
     peak = max(1, max(max(row) for row in matrix))
+    counts = _font(None, _COUNT_SIZE)
+    # each cell shows its count: wide enough for the largest
+    cell = max(22, int(counts.getlength(str(peak))) + 6)
+    left, top, bar = 170, 30, 14
+    matrix_side = cell * size
+    scale_height = max(matrix_side, 80)  # the colour scale, beside the matrix
+    scale_left = left + matrix_side + 16
+    title = f"confusion ({report.split}): rows true, columns predicted; blue right, red wrong"
+    image, draw = _canvas(
+        max(
+            scale_left + 2 * bar + 8 + int(_font(None).getlength(str(peak))) + 10,
+            5 + int(_font(None).getlength(title)) + 10,
+        ),
+        top + scale_height + 10,
+    )
+
+    def colour(count: float, right: bool) -> tuple[int, int, int]:
+        shade = 255 - int(255 * count / peak)
+        return (shade, shade, 255) if right else (255, shade, shade)
+
     for i, row in enumerate(matrix):
         text, font = caption(i, names[i])
         draw.text((5, top + i * cell + cell / 2), text, fill="black", font=font, anchor="lm")
         for j, count in enumerate(row):
-            shade = 255 - int(255 * count / peak)
-            colour = (shade, shade, 255) if i == j else (255, shade, shade)
+            fill = colour(count, i == j)
             x, y = left + j * cell, top + i * cell
-            draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=colour, outline="#dddddd")
-    draw.text(
-        (left, 8),
-        f"confusion ({report.split}): rows true, columns predicted",
-        fill="black",
-        font=_font(None),
-    )
+            draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=fill, outline="#dddddd")
+            ink = "#bbbbbb" if count == 0 else ("white" if min(fill) < 128 else "black")
+            draw.text((x + cell / 2, y + cell / 2), str(count), fill=ink, font=counts,
+                      anchor="mm")  # fmt: skip
+    # The colour scale: one bar for the diagonal (right), one for the rest (wrong),
+    # from 0 at the bottom to the largest count at the top.
+    for y in range(scale_height):
+        count = peak * (scale_height - 1 - y) / max(1, scale_height - 1)
+        for k, right in enumerate((True, False)):
+            x = scale_left + k * (bar + 2)
+            draw.line((x, top + y, x + bar - 1, top + y), fill=colour(count, right))
+    labels_x = scale_left + 2 * bar + 8
+    draw.text((labels_x, top), str(peak), fill="black", font=_font(None), anchor="lt")
+    draw.text((labels_x, top + scale_height), "0", fill="black", font=_font(None), anchor="lb")
+    draw.text((5, 8), title, fill="black", font=_font(None))
     return save_png(image, out_png)

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 RAW_AUTO_MAX_PIXELS = 128 * 128  # up to here raw pixels are barely larger than PNG
 DEFAULT_MIN_SHARDS = 16
 MIN_RECORDS_PER_SHARD = 64  # below this, more files only add open/seek overhead
+EVALUATION_SHARD_SHARE = 4  # val/test shards keep >= 1/4 of a train shard's records (or 64)
 SHARD_NAME = re.compile(r"^(train|val|test)-(\d{5})-of-(\d{5})\.tfrecord$")
 
 
@@ -138,29 +139,52 @@ def shard_runs(
     shard_size_mb: float,
     min_shards: int | None,
     hosts: int = 1,
+    min_records: int = 0,
 ) -> list[tuple[int, int]]:
     """Cuts ``num_items`` records into ``[start, stop)`` runs, one per shard.
 
     The count is the larger of what the size bound needs and the minimum: an
-    explicit ``min_shards``, else ``DEFAULT_MIN_SHARDS`` per host when every
-    shard can still hold ``MIN_RECORDS_PER_SHARD`` records; then rounded up to a
-    multiple of ``hosts`` (each host reads an equal number of files). Never more
-    shards than records.
+    explicit ``min_shards`` (as far as each shard keeps ``min_records`` records),
+    else ``DEFAULT_MIN_SHARDS`` per host when every shard can still hold
+    ``MIN_RECORDS_PER_SHARD`` records; then rounded up to a multiple of ``hosts``
+    (each host reads an equal number of files). Never more shards than records.
 
     Example:
         >>> shard_runs(10, 100.0, shard_size_mb=128, min_shards=3)
         [(0, 3), (3, 6), (6, 10)]
         >>> len(shard_runs(100_000, 100.0, shard_size_mb=128, min_shards=None, hosts=3))
         48
+        >>> shard_runs(12, 100.0, shard_size_mb=128, min_shards=16, min_records=18)
+        [(0, 12)]
     """
     by_size = math.ceil(num_items * bytes_per_item / (shard_size_mb * 1e6))
     if min_shards is None:
         min_shards = min(DEFAULT_MIN_SHARDS * hosts, num_items // MIN_RECORDS_PER_SHARD)
+    elif min_records > 1:
+        min_shards = min(min_shards, num_items // min_records)
     count = max(by_size, min_shards)
     count = -(-count // hosts) * hosts  # equal shares of files for the hosts
     count = max(1, min(num_items, count))
     bounds = [num_items * i // count for i in range(count + 1)]
     return list(itertools.pairwise(bounds))
+
+
+def evaluation_min_records(train_records_per_shard: int) -> int:
+    """The records each val or test shard keeps at least when an explicit ``min_shards``
+    cuts the split: 64 (``MIN_RECORDS_PER_SHARD``), or a quarter of a train shard's
+    records when those are fewer.
+
+    ``min_shards`` is for the train split's readers: a training split is read in a
+    shuffled order of its files, shared out by file among hosts and workers. An
+    evaluation split is read once per epoch, in order, with the same parallel
+    reads; cut much finer than the train split (``--min-shards 16`` made a
+    12-image val split 12 one-image shards) its files only add opens.
+
+    Example:
+        >>> evaluation_min_records(74), evaluation_min_records(10_000)
+        (18, 64)
+    """
+    return min(MIN_RECORDS_PER_SHARD, train_records_per_shard // EVALUATION_SHARD_SHARE)
 
 
 def split_of(name: str) -> str:
@@ -185,8 +209,10 @@ class Shard:
 def plan_shards(
     splits: dict[str, list[int]], bytes_per_record: float, options: ConvertOptions
 ) -> list[Shard]:
-    """Every shard of every split, train first (the order the LeakGuard needs)."""
+    """Every shard of every split, train first (the order the LeakGuard needs); val
+    and test shards keep :func:`evaluation_min_records` of the train split's."""
     planned = []
+    min_records = 0
     for split, indices in splits.items():
         runs = shard_runs(
             len(indices),
@@ -194,7 +220,10 @@ def plan_shards(
             shard_size_mb=options.shard_size_mb,
             min_shards=options.min_shards,
             hosts=options.hosts,
+            min_records=0 if split == "train" else min_records,
         )
+        if split == "train":
+            min_records = evaluation_min_records(len(indices) // len(runs))
         for number, (start, stop) in enumerate(runs):
             planned.append(Shard(split, shard_name(split, number, len(runs)), indices[start:stop]))
     return planned

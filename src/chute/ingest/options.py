@@ -55,8 +55,12 @@ class ConvertOptions:
             pod slice, the workers of a multi-worker run): by default 16 shards
             per host, and every split's shard count a multiple of ``hosts``, so
             each host reads its own equal share of files.
-        min_shards: minimum shards per split; ``None`` means 16 when the split
-            has enough images (at least 64 per shard).
+        min_shards: minimum shards of the train split (read in a shuffled order
+            of files, shared out by file among hosts and workers); val and test,
+            read once per epoch, get it only as far as each of their shards keeps
+            64 images, or a quarter of a train shard's when those are fewer.
+            ``None`` means 16 for any split with enough images (at least 64 per
+            shard).
         max_pixels: images with more pixels are rejected (decompression bombs).
         keep_metadata: JPEGs stored as they came (kept at their size, upright)
             keep their EXIF/XMP/IPTC, comments and trailing bytes; by default
@@ -88,7 +92,10 @@ class ConvertOptions:
     # the TF performance guide advises 100-200 MB per file
     shard_size_mb: float = option(128.0, "target shard size in MB")
     min_shards: int | None = option(
-        None, "shards per split at least (default: 16 when each gets >= 64 images)", type=int
+        None,
+        "shards of the train split at least; val and test get it as far as each shard keeps "
+        "64 images or a quarter of a train shard's (default: 16 when each gets >= 64)",
+        type=int,
     )
     hosts: int = option(
         1, "hosts that will read it (TPU pod slice hosts, workers): 16 shards each, a multiple of N"

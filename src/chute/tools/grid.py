@@ -7,16 +7,20 @@ in a font on the machine that can draw them, else with the label index alone.
 from __future__ import annotations
 
 import io
+import logging
 import os
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 from chute import checks
 from chute.fit.plots import caption, save_png
 from chute.format import manifest as manifest_lib
 from chute.format import records
 from chute.lazy import tf
+
+log = logging.getLogger(__name__)
+_TITLE_HEIGHT = 24  # the title row, drawn when some classes are left out
 
 
 def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], per_class: int):
@@ -53,7 +57,8 @@ def draw_grid(
 ) -> str:
     """Draws ``per_class`` sample images for up to ``max_classes`` classes, one row each.
 
-    With more classes than ``max_classes``, rows are spread evenly over the labels.
+    With more classes than ``max_classes``, rows are spread evenly over the labels,
+    and a title says how many of the classes are shown (so is it logged).
 
     Returns:
         The path of the PNG written.
@@ -73,12 +78,24 @@ def draw_grid(
     samples = _samples(manifest, split, classes, per_class)
     captions = [caption(label, manifest.class_names[label]) for label in classes]
     text_width = max(int(font.getlength(text)) for text, font in captions) + 12
-    grid = Image.new(
-        "RGB", (text_width + per_class * (cell + 2), len(classes) * (cell + 2)), "white"
-    )
+    width, title_height = text_width + per_class * (cell + 2), 0
+    title = None
+    if len(classes) < manifest.num_classes:  # a picture must not pass for the whole dataset
+        title = f"{split}: {len(classes)} of {manifest.num_classes} classes (labels spread evenly)"
+        log.info(
+            "the grid %s shows %d of the %d classes of %s, spread evenly over the labels "
+            "(max_classes=%d)",
+            os.fspath(out_png), len(classes), manifest.num_classes, split, max_classes,
+        )  # fmt: skip
+        title_font = ImageFont.load_default(size=14)
+        width = max(width, int(title_font.getlength(title)) + 12)
+        title_height = _TITLE_HEIGHT
+    grid = Image.new("RGB", (width, title_height + len(classes) * (cell + 2)), "white")
     draw = ImageDraw.Draw(grid)
+    if title:
+        draw.text((6, title_height / 2), title, fill="black", font=title_font, anchor="lm")
     for row, label in enumerate(classes):
-        top = row * (cell + 2)
+        top = title_height + row * (cell + 2)
         text, font = captions[row]
         draw.text((6, top + cell / 2), text, fill="black", font=font, anchor="lm")
         for column, image in enumerate(samples[label]):
