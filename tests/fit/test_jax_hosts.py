@@ -7,7 +7,8 @@ in one ``DataParallel``. The first time, both processes stall at the end of epoc
 its backup; a ``sitecustomize`` hook, below) and the test kills them with SIGKILL; the same
 commands then resume the run and finish it. Every process is bounded in time and killed in
 ``finally``. One module fixture runs all of it (about a minute and a half on 2 idle cores);
-the tests read what it left.
+the tests read what it left. Another pair of the same commands then trains with the Grain
+engine for 2 epochs (about 30 s: the first pair's XLA cache).
 """
 
 from __future__ import annotations
@@ -113,17 +114,20 @@ def _env(root: Path, attempt: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def _start(data: Path, root: Path, attempt: str, env: dict[str, str]) -> list[subprocess.Popen]:
-    """The same ``chute train`` command as on each of two hosts; output in ``logs/``."""
+def _start(
+    data: Path, root: Path, attempt: str, env: dict[str, str], *flags: str, epochs: int = EPOCHS
+) -> list[subprocess.Popen]:
+    """The same ``chute train`` command (and ``flags``) as on each of two hosts; output in
+    ``logs/``."""
     port = _free_port()
     procs = []
     for index in range(PROCESSES):
         log = root / "logs" / f"{attempt}{index}"
         command = [
             sys.executable, "-m", "chute", "train", str(data), "--run-dir", str(root / "run"),
-            "--backend", "jax", "--strategy", "cpu", "--epochs", str(EPOCHS),
+            "--backend", "jax", "--strategy", "cpu", "--epochs", str(epochs),
             "--batch-size", str(PER_DEVICE), "--coordinator", f"127.0.0.1:{port}",
-            "--num-processes", str(PROCESSES), "--process-id", str(index),
+            "--num-processes", str(PROCESSES), "--process-id", str(index), *flags,
         ]  # fmt: skip
         with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
             procs.append(subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=root))
@@ -328,6 +332,137 @@ def test_a_killed_run_resumes_from_the_chiefs_backup_on_every_process(hosts, fin
     assert not (finished / "backup").exists()  # a finished run keeps no backup
     assert "resuming the run in" in _log(hosts, "b0.err")
     assert "process 1 resumes from the chief's backup" in _log(hosts, "b1.err")
+
+
+# --- the Grain engine across the two processes ------------------------------------------------
+#
+# The same two commands with ``--engine grain`` (threads: ``--workers 0``), for 2 epochs, after
+# the run above (its XLA cache: the same programs). A ``sitecustomize`` hook records the record
+# numbers of every batch each process's Grain dataset makes, for the tests to check the shares.
+
+GRAIN_EPOCHS = 2
+
+GRAIN_HOOK = """
+import json
+import os
+from pathlib import Path
+
+import chute.read.grain_engine as engine
+
+marks, made = Path(os.environ["CHUTE_TEST_MARKS"]), engine.Batches.__getitem__
+
+
+def recorded(self, number):
+    name = f"{self.source.split}-{self.share.index}-{os.getpid()}.jsonl"
+    with open(marks / name, "a") as out:
+        out.write(json.dumps([int(number), self.records_of(number).tolist()]) + "\\n")
+    return made(self, number)
+
+
+engine.Batches.__getitem__ = recorded
+"""
+
+
+@pytest.fixture(scope="module")
+def grain(learnable, hosts, tmp_path_factory) -> dict:
+    """Both processes' exit codes, and their folder (``root``): the run folder ``run``, each
+    process's output ``logs/g{0,1}.{out,err}`` and the batches each read, ``marks/SPLIT-I-*``
+    (``[batch number, [record numbers]]`` a line, I the input pipeline)."""
+
+    def build(root: Path) -> None:
+        for name in ("logs", "marks", "hook"):
+            (root / name).mkdir()
+        (root / "hook" / "sitecustomize.py").write_text(GRAIN_HOOK)
+        env = _env(
+            root, "g", HOOK=str(root / "hook"), CHUTE_TEST_MARKS=str(root / "marks"),
+            JAX_COMPILATION_CACHE_DIR=str(hosts["root"] / "jax-cache"),
+        )  # fmt: skip
+        flags = ("--engine", "grain", "--workers", "0")
+        started = time.monotonic()
+        procs = _start(learnable, root, "g", env, *flags, epochs=GRAIN_EPOCHS)
+        try:
+            for proc in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=max(1.0, WAIT - (time.monotonic() - started)))
+            codes = [proc.poll() for proc in procs]
+        finally:
+            _kill(procs)
+        outcome = {"codes": codes, "seconds": round(time.monotonic() - started, 1)}
+        (root / "outcome.json").write_text(json.dumps(outcome))
+
+    root = once_per_run(tmp_path_factory, "jax-hosts-grain", build)
+    outcome = json.loads((root / "outcome.json").read_text())
+    assert outcome["codes"] == [0, 0], _errors({"root": root}, "g")
+    return {"root": root, **outcome}
+
+
+def _grain_batches(grain: dict, split: str, index: int) -> dict[int, list[int]]:
+    """The record numbers of each batch input pipeline ``index`` made of ``split``."""
+    batches: dict[int, list[int]] = {}
+    for path in (grain["root"] / "marks").glob(f"{split}-{index}-*.jsonl"):
+        for line in path.read_text().splitlines():
+            number, records = json.loads(line)
+            assert batches.setdefault(number, records) == records  # a batch is its number's
+    return batches
+
+
+@pytest.mark.slow
+def test_two_jax_processes_train_with_the_grain_engine_each_on_its_own_share(grain):
+    run = grain["root"] / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["backend"] == "jax" and summary["processes"] == PROCESSES
+    assert summary["replicas"] == PROCESSES * DEVICES and summary["epochs_run"] == GRAIN_EPOCHS
+    config = json.loads((run / "config.json").read_text())
+    assert config["load"]["engine"] == "grain"
+    batch, steps = PER_DEVICE * DEVICES, 54 // (PER_DEVICE * DEVICES * PROCESSES)  # 4, 6
+    for index in range(PROCESSES):  # equal steps: an equal share of one global order
+        err = _log(grain, f"g{index}.err")
+        assert (
+            f"grain engine: input pipeline {index} of {PROCESSES}, a new global shuffle each "
+            f"epoch, {steps} batches of {batch} per epoch, 0 worker(s)"
+        ) in err, err[-3000:]
+        assert f"-> {run}" in _log(grain, f"g{index}.out")
+    shares = [_grain_batches(grain, "train", index) for index in range(PROCESSES)]
+    for epoch in range(GRAIN_EPOCHS):
+        numbers = range(epoch * steps, (epoch + 1) * steps)
+        read = []
+        for share in shares:
+            assert set(numbers) <= set(share)  # every batch of the epoch was made
+            records = [r for number in numbers for r in share[number]]
+            assert len(records) == len(set(records)) == steps * batch
+            read.append(set(records))
+        assert not read[0] & read[1]  # no record read by both processes in an epoch
+        assert read[0] | read[1] <= set(range(54))
+
+
+@pytest.mark.slow
+def test_grain_validation_across_processes_counts_every_example_once(grain):
+    """Each process validates its half of the 18 images (9, padded to 3 batches of 4): the
+    scores of the best epoch are those of the chief's single evaluation of the bundle."""
+    read = []
+    for index in range(PROCESSES):
+        batches = _grain_batches(grain, "val", index)
+        assert sorted(batches) == [0, 1, 2]
+        read.append([r for number in range(3) for r in batches[number] if r >= 0])
+    assert sorted(read[0] + read[1]) == list(range(18))  # each example once, by one process
+    run = grain["root"] / "run"
+    history = json.loads((run / "history.json").read_text())
+    assert len(history["loss"]) == GRAIN_EPOCHS
+    best = int(np.argmax(history["val_accuracy"]))
+    single = json.loads((run / "evaluation-val.json").read_text())
+    assert single["examples"] == 18
+    assert history["val_accuracy"][best] == pytest.approx(single["accuracy"], abs=1e-6)
+    assert history["val_loss"][best] == pytest.approx(single["loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_grain_processes_leave_one_run_folder(grain):
+    root = grain["root"]
+    made = {p.name for p in root.iterdir()} - {"logs", "marks", "hook", "outcome.json"}
+    assert made == {"run", "tmp-g"}
+    assert not list((root / "run").glob("worker-*"))
+    assert (root / "run" / "bundle" / "model.keras").is_file()
+    assert not list((root / "tmp-g").glob("chute-process-*"))
 
 
 # --- what is refused, and the pieces, in this process ---------------------------------------

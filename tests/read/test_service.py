@@ -1,13 +1,16 @@
 """Reading through the tf.data service: a dispatcher and two workers started with
 ``chute data-service`` as processes on 127.0.0.1 (TF 2.21's servers can crash while
 shutting down, tensorflow#113163, so they stay out of the pytest process), and
-``chute.load`` / ``chute.train`` in this process reading from them.
+``chute.load`` / ``chute.train`` in this process reading from them (and ``chute.train`` on
+JAX in a child process).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_folder, run_here, write_image
+from helpers import jax_child_env, make_folder, run_here, write_image
 from PIL import Image
 
 import chute
@@ -179,6 +182,67 @@ def test_train_through_the_service_learns_as_well_as_reading_locally(dispatcher,
     )
     config = (tmp_path / "served" / "config.json").read_text()
     assert dispatcher in config
+
+
+# Keras's backend is fixed at its import: the JAX run is a child process (TensorFlow only reads).
+JAX_THROUGH_SERVICE = """
+import dataclasses, json, logging, sys
+
+import chute
+
+logging.basicConfig(level=logging.INFO)
+data, run, address = sys.argv[1:4]
+result = chute.train(
+    data, run, data_service=address, model="kannada-cnn", epochs=1, batch_size=8, verbose=0,
+    seed=3,
+)
+import keras
+
+trained = keras.saving.load_model(f"{run}/checkpoints/last.keras")
+print(json.dumps({
+    "backend": keras.backend.backend(),
+    "steps": int(trained.optimizer.iterations),
+    "result": dataclasses.asdict(result),
+}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_jax_trains_through_the_service(dispatcher, tmp_path):
+    """``chute.train(..., data_service=...)`` on KERAS_BACKEND=jax: every step of the epoch
+    trained on batches the service's workers made."""
+    src = _levels(tmp_path / "src")
+    out = tmp_path / "out"
+    chute.convert(src, out, workers=1, val_fraction=0.25, min_shards=4)
+    steps = chute.load_manifest(str(out)).num_examples("train") // 8  # 135 // 8
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "JAX_PLATFORMS")}
+    paths = (str(Path(chute.__file__).resolve().parents[1]), env.get("PYTHONPATH"))
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in paths if p),
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        CUDA_VISIBLE_DEVICES="",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        **jax_child_env(tmp_path / "jax-cache"),
+    )
+    run = tmp_path / "run"
+    child = subprocess.run(
+        [sys.executable, "-c", JAX_THROUGH_SERVICE, str(out), str(run), dispatcher],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-4000:]
+    found = json.loads(child.stdout.strip().splitlines()[-1])
+    assert found["backend"] == "jax" and found["result"]["backend"] == "jax"
+    assert found["result"]["epochs_run"] == 1
+    assert found["steps"] == steps  # every step of the epoch, none short of input
+    assert f"training split read through the tf.data service at {dispatcher}" in child.stderr
+    assert "ran out of data" not in child.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["backend"] == "jax"
+    history = json.loads((run / "history.json").read_text())
+    assert len(history["loss"]) == 1 and np.isfinite(history["loss"][0])
+    assert dispatcher in (run / "config.json").read_text()
 
 
 # -- errors (no server needed) ------------------------------------------------------------------
