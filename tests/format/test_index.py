@@ -196,6 +196,30 @@ def test_a_resumed_conversion_writes_a_shard_again_when_its_index_is_gone(tmp_pa
     assert _files(out) == _files(reference)
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda note: note.update(sha256="x"),
+        lambda note: note.update(bytes="12"),
+        lambda note: note.pop("num_records"),
+        lambda note: note.update(index=None),
+    ],
+)
+def test_a_damaged_shard_note_has_that_shard_written_again(tmp_path, damage):
+    from chute.ingest import writer
+
+    with writer.ShardWriter(str(tmp_path / TRAIN0)) as shard:
+        shard.write(records.frame(b"r") * 2, [0, 1])
+    note = Path(writer.note_path(str(tmp_path), TRAIN0))
+    note.parent.mkdir()
+    note.write_text(json.dumps(shard.info))
+    assert writer.load_note(str(tmp_path), TRAIN0) == shard.info
+    damaged = dict(shard.info)
+    damage(damaged)
+    note.write_text(json.dumps(damaged))
+    assert writer.load_note(str(tmp_path), TRAIN0) is None
+
+
 # -- the dataset folder under shard globs -------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import pytest
 from chute import ChuteError, ImageSpec
 from chute.format import manifest as manifest_lib
 from chute.format import records
+from chute.format.splits import Shard
 from chute.ingest.writer import ShardWriter
 
 NUM_CLASSES = 10_000
@@ -18,9 +19,15 @@ NUM_CLASSES = 10_000
 def test_sparse_and_dense_counts_round_trip():
     stored = manifest_lib.sparse_counts({9_999: 3, 0: 1, 42: 0})
     assert stored == {"classes": [0, 9_999], "counts": [1, 3]}
-    dense = manifest_lib.dense_counts(stored, NUM_CLASSES)
+    dense = _shard(stored).dense_counts(NUM_CLASSES)
     assert len(dense) == NUM_CLASSES and dense[0] == 1 and dense[9_999] == 3 and sum(dense) == 4
-    assert manifest_lib.dense_counts([1, 0, 3], 3) == [1, 0, 3]  # version 2: a list per shard
+    assert _shard([1, 0, 3]).dense_counts(3) == [1, 0, 3]  # version 2: a list per shard
+
+
+def _shard(class_counts) -> Shard:
+    """A shard entry holding ``class_counts`` as stored."""
+    stored = {"file": "train-00000-of-00001.tfrecord", "num_records": 4, "bytes": 100}
+    return Shard.from_dict({**stored, "sha256": "0" * 64, "class_counts": class_counts})
 
 
 def _ten_thousand_classes(tmp_path) -> manifest_lib.Manifest:

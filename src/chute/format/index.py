@@ -56,12 +56,15 @@ import dataclasses
 import hashlib
 import struct
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from chute.errors import ChuteError
 from chute.format import records, storage
+
+if TYPE_CHECKING:
+    from chute.format.splits import Shard
 
 SUFFIX = ".index"
 SHARD_SUFFIX = ".tfrecord"
@@ -319,17 +322,7 @@ def scan(handle: IO[bytes], *, where: str = "the shard", digest: Any = None) -> 
     return RecordIndex.from_lengths(lengths)
 
 
-def entry(shard_file: str, data: bytes) -> dict[str, str]:
-    """The manifest's ``index`` field of a shard entry, for index bytes ``data``.
-
-    Example:
-        >>> entry("val-00000-of-00001.tfrecord", RecordIndex.from_lengths([]).to_bytes())["file"]
-        'val-00000-of-00001.index'
-    """
-    return {"file": index_name(shard_file), "sha256": sha256(data)}
-
-
-def load(location: str, shard: dict[str, Any]) -> RecordIndex:
+def load(location: str, shard: Shard) -> RecordIndex:
     """The index of a manifest's shard entry, read from dataset folder ``location`` and
     checked against the entry (sha256, record count, shard size).
 
@@ -338,26 +331,26 @@ def load(location: str, shard: dict[str, Any]) -> RecordIndex:
             its file is missing or differs from the manifest, or it is not an index.
     """
     fix = f"run `chute index {location}` to write it"
-    if not shard.get("index"):
+    if shard.index is None:
         raise ChuteError(
-            f"{shard['file']} in {location!r} has no record index (the dataset was converted "
+            f"{shard.name} in {location!r} has no record index (the dataset was converted "
             f"before chute wrote them): {fix}"
         )
-    name = shard["index"]["file"]
+    name = shard.index.file
     path = find(location, name)
     where = f"{shown(location, name, path)} in {location!r}"
     if path is None:
         raise ChuteError(f"The record index {where} is missing: {fix} again")
     data = storage.read_bytes(path)
-    if sha256(data) != shard["index"]["sha256"]:
+    if sha256(data) != shard.index.sha256:
         raise ChuteError(
             f"The record index {where} differs from the manifest (sha256): "
             f"check the dataset with `chute verify {location}`, then {fix} again"
         )
     index = RecordIndex.from_bytes(data, where)
-    if len(index) != shard["num_records"] or index.shard_bytes != shard["bytes"]:
+    if len(index) != shard.records or index.shard_bytes != shard.bytes:
         raise ChuteError(
             f"The record index {where} describes {len(index)} records in "
-            f"{index.shard_bytes} bytes, the manifest {shard['num_records']} in {shard['bytes']}"
+            f"{index.shard_bytes} bytes, the manifest {shard.records} in {shard.bytes}"
         )
     return index

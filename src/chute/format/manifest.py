@@ -15,7 +15,9 @@ know the field reads the manifest as before, so it needs no new version.
 
 Reading a manifest checks every field readers use (:func:`check_structure`), so a
 hand-edited one is a single error naming the field (``splits.train.shards[2].sha256``)
-rather than a traceback wherever that field is first used.
+rather than a traceback wherever that field is first used, and parses the splits once
+into typed records (:class:`~chute.format.splits.Split`,
+:class:`~chute.format.splits.Shard`) that readers use by attribute.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from chute import checks
 from chute.errors import ChuteError
 from chute.format import storage
 from chute.format.spec import ImageSpec
+from chute.format.splits import MISSING, Shard, Split, bad, parse_split
 
 MANIFEST_NAME = "manifest.json"
 WORK_DIR = ".chute-work"  # a conversion in progress keeps its state here
@@ -51,8 +54,7 @@ class Manifest:
 
     class_names: list[str]
     image: ImageSpec
-    # name -> num_examples, class_counts (every class's, in label order), shards
-    splits: dict[str, dict[str, Any]]
+    splits: dict[str, Split]  # stored objects given here are parsed (see chute.format.splits)
     options: dict[str, Any]
     source: dict[str, Any]  # location, kind, fingerprint, num_items
     rejects: list[dict[str, str]] = dataclasses.field(default_factory=list)
@@ -61,6 +63,15 @@ class Manifest:
     created_by: str = ""
     location: str = dataclasses.field(default="", compare=False)
 
+    def __post_init__(self) -> None:
+        where = storage.join(self.location, MANIFEST_NAME) if self.location else MANIFEST_NAME
+        self.splits = {
+            name: split
+            if isinstance(split, Split)
+            else parse_split(split, where, f"splits.{name}", self.class_names)
+            for name, split in self.splits.items()
+        }
+
     @property
     def num_classes(self) -> int:
         """How many classes there are."""
@@ -68,30 +79,37 @@ class Manifest:
 
     def num_examples(self, split: str) -> int:
         """Records in ``split`` (0 for a split that does not exist)."""
-        return int(self.splits.get(split, {}).get("num_examples", 0))
+        found = self.splits.get(split)
+        return found.examples if found is not None else 0
 
     def check_split(self, split: str) -> str:
         """``split`` if this dataset has it, else a ChuteError naming the splits it has."""
         return checks.one_of("split", split, self.splits)
 
+    def split(self, name: str) -> Split:
+        """Split ``name``, or a ChuteError naming the splits this dataset has."""
+        return self.splits[self.check_split(name)]
+
     def shard_paths(self, split: str) -> list[str]:
         """Full paths of ``split``'s shards, in order."""
-        self.check_split(split)
-        return [storage.join(self.location, s["file"]) for s in self.splits[split]["shards"]]
+        return [storage.join(self.location, s.name) for s in self.split(split).shards]
 
     def shard_counts(self, split: str) -> list[int]:
         """Records in each of ``split``'s shards, in order."""
-        self.check_split(split)
-        return [s["num_records"] for s in self.splits[split]["shards"]]
+        return [s.records for s in self.split(split).shards]
 
-    def shard_class_counts(self, shard: dict[str, Any]) -> list[int]:
-        """Every class's count in one of this manifest's shard entries, in label order."""
-        return dense_counts(shard["class_counts"], self.num_classes)
+    def shard_class_counts(self, shard: Shard) -> list[int]:
+        """Every class's count in one of this manifest's shards, in label order."""
+        return shard.dense_counts(self.num_classes)
 
     def to_json(self) -> str:
         """The manifest as deterministic, human-readable JSON."""
-        body = {"format": FORMAT, "version": VERSION}
-        body.update({k: v for k, v in dataclasses.asdict(self).items() if k != "location"})
+        body: dict[str, Any] = {"format": FORMAT, "version": VERSION}
+        for field in dataclasses.fields(self):
+            if field.name != "location":  # where it was read from, not what it says
+                body[field.name] = getattr(self, field.name)
+        body["image"] = self.image.to_dict()
+        body["splits"] = {name: split.to_dict() for name, split in self.splits.items()}
         text = json.dumps(body, indent=1, ensure_ascii=False)
         # Keep lists of numbers (per-class counts, sizes) on one line each.
         return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text) + "\n"
@@ -116,15 +134,16 @@ class Manifest:
             raise ChuteError(f"{where} is not a chute manifest")
         version = body.get("version", 0)
         if not checks.is_int(version) or version < 0:
-            raise _bad(where, "version", version, "a version number")
+            raise bad(where, "version", version, "a version number")
         if version > VERSION:
             raise ChuteError(
                 f"{where} was written by a newer chute (manifest version "
                 f"{version}, this chute reads up to {VERSION}); upgrade chute"
             )
-        check_structure(body, where)
+        splits = check_structure(body, where)
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in body.items() if k in fields}
+        values["splits"] = splits
         image = dict(values.get("image") or {})
         if version < 2:  # resize, interpolation and quality were options
             options = values.get("options") or {}
@@ -145,57 +164,18 @@ class Manifest:
         return path
 
 
-_MISSING = object()  # a field that is not there, as _bad shows it
-
-
-def _bad(where: str, field: str, value: Any, allowed: str) -> ChuteError:
-    received = f"{field} is missing" if value is _MISSING else f"{field}={value!r:.200}"
-    return ChuteError(
-        f"{where} is not a valid chute manifest: `{field}` must be {allowed}. "
-        f"Received: {received}. Correct it, or convert the dataset again"
-    )
-
-
-def check_shard_file(name: Any, field: str = "file", where: str = MANIFEST_NAME) -> str:
-    """A shard's file name from a manifest, refused unless it is a plain name inside the
-    dataset's folder: a downloaded manifest must not make chute open ``/etc/passwd`` or
-    ``../other/...``.
-
-    Example:
-        >>> check_shard_file("train-00000-of-00004.tfrecord")
-        'train-00000-of-00004.tfrecord'
-        >>> check_shard_file("../other/train.tfrecord")
-        Traceback (most recent call last):
-        ...
-        chute.errors.ChuteError: manifest.json is not a valid chute manifest: `file` must be a file name inside the dataset's folder (no '/', '\\', '..' or drive). Received: file='../other/train.tfrecord'. Correct it, or convert the dataset again
-    """  # noqa: E501
-    plain = (
-        isinstance(name, str)
-        and name not in ("", ".", "..")
-        and not any(sep in name for sep in ("/", "\\", "\0"))
-        and not re.match(r"^[A-Za-z]:", name)
-    )
-    if not plain:
-        allowed = "a file name inside the dataset's folder (no '/', '\\', '..' or drive)"
-        raise _bad(where, field, _MISSING if name is None else name, allowed)
-    return name
-
-
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def check_structure(body: dict[str, Any], where: str) -> None:
+def check_structure(body: dict[str, Any], where: str) -> dict[str, Split]:
     """Refuses a manifest whose fields are not what chute writes and readers rely on:
     class names, splits, their counts and shards (file names, record counts, sizes,
     sha256s, class counts, record index files), and the report fields (rejects,
-    duplicates, warnings). One error names the field (``splits.train.shards[2].sha256``),
-    what it must be and what it holds, so a hand-edited manifest is no traceback in
-    ``verify``, ``index`` or a reader. Labels are checked against the class names where
-    the manifest holds them (per-class counts): a manifest with fewer class names than
-    its records' labels is refused here. Fields a version of chute did not write are
-    optional (``index``, and ``options``, ``source``, ``rejects``, ... of a hand-written
-    manifest); whether counts agree with each other and with the shards is
-    ``chute verify``'s to report.
+    duplicates, warnings); returns the splits parsed (:mod:`chute.format.splits`). One
+    error names the field (``splits.train.shards[2].sha256``), what it must be and what
+    it holds, so a hand-edited manifest is no traceback in ``verify``, ``index`` or a
+    reader. Labels are checked against the class names where the manifest holds them
+    (per-class counts): a manifest with fewer class names than its records' labels is
+    refused here. Fields a version of chute did not write are optional (``index``, and
+    ``options``, ``source``, ``rejects``, ... of a hand-written manifest); whether counts
+    agree with each other and with the shards is ``chute verify``'s to report.
 
     Example:
         >>> split = {"num_examples": 0, "class_counts": [0], "shards": None}
@@ -204,41 +184,35 @@ def check_structure(body: dict[str, Any], where: str) -> None:
         ...
         chute.errors.ChuteError: m is not a valid chute manifest: `splits.train.shards` must be a list of shard entries. Received: splits.train.shards=None. Correct it, or convert the dataset again
     """  # noqa: E501
-    names = body.get("class_names", _MISSING)
+    names = body.get("class_names", MISSING)
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise _bad(where, "class_names", names, "a list of class names")
-    splits = body.get("splits", _MISSING)
+        raise bad(where, "class_names", names, "a list of class names")
+    splits = body.get("splits", MISSING)
     if not isinstance(splits, dict) or not splits:
-        raise _bad(where, "splits", splits, "an object of splits")
-    for split, entry in splits.items():
-        field = f"splits.{split}"
-        if not isinstance(entry, dict):
-            raise _bad(where, field, entry, "an object")
-        _count(where, f"{field}.num_examples", entry.get("num_examples", _MISSING))
-        _dense_counts(where, f"{field}.class_counts", entry.get("class_counts", _MISSING), names)
-        shards = entry.get("shards", _MISSING)
-        if not isinstance(shards, list):
-            raise _bad(where, f"{field}.shards", shards, "a list of shard entries")
-        for number, shard in enumerate(shards):
-            _check_shard(where, f"{field}.shards[{number}]", shard, names)
-    image = body.get("image", _MISSING)
+        raise bad(where, "splits", splits, "an object of splits")
+    parsed = {
+        split: parse_split(entry, where, f"splits.{split}", names)
+        for split, entry in splits.items()
+    }
+    image = body.get("image", MISSING)
     if not isinstance(image, dict):
-        raise _bad(where, "image", image, "an image spec (an object)")
+        raise bad(where, "image", image, "an image spec (an object)")
     for key in ("options", "source"):
         if not isinstance(body.get(key, {}), dict):
-            raise _bad(where, key, body[key], "an object")
+            raise bad(where, key, body[key], "an object")
     rejects = body.get("rejects", [])
     if not _objects(rejects, {"key": str, "reason": str}):
-        raise _bad(where, "rejects", rejects, "a list of {'key': ..., 'reason': ...} objects")
+        raise bad(where, "rejects", rejects, "a list of {'key': ..., 'reason': ...} objects")
     duplicates = body.get("duplicates", [])
     if not _objects(duplicates, {"keys": list, "dropped": list}):
         allowed = "a list of {'keys': [...], 'dropped': [...]} objects"
-        raise _bad(where, "duplicates", duplicates, allowed)
+        raise bad(where, "duplicates", duplicates, allowed)
     warnings = body.get("warnings", [])
     if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
-        raise _bad(where, "warnings", warnings, "a list of texts")
+        raise bad(where, "warnings", warnings, "a list of texts")
     if not isinstance(body.get("created_by", ""), str):
-        raise _bad(where, "created_by", body["created_by"], "a text")
+        raise bad(where, "created_by", body["created_by"], "a text")
+    return parsed
 
 
 def _objects(value: Any, fields: dict[str, type]) -> bool:
@@ -247,77 +221,6 @@ def _objects(value: Any, fields: dict[str, type]) -> bool:
         isinstance(item, dict) and all(isinstance(item.get(k), t) for k, t in fields.items())
         for item in value
     )
-
-
-def _count(where: str, field: str, value: Any) -> None:
-    if not checks.is_int(value) or value < 0:
-        raise _bad(where, field, value, "a count (an integer >= 0)")
-
-
-def _dense_counts(where: str, field: str, value: Any, names: list[str]) -> None:
-    """A count per class, in label order: as many as there are class names."""
-    if not isinstance(value, list) or not all(checks.is_int(c) and c >= 0 for c in value):
-        raise _bad(where, field, value, f"a list of {len(names)} counts, one per class name")
-    if len(value) != len(names):
-        raise _bad(
-            where,
-            field,
-            value,
-            f"one count per class name: class_names has {len(names)} names, this "
-            f"{len(value)} counts (the class names and the records' labels disagree)",
-        )
-
-
-def _check_shard(where: str, field: str, shard: Any, names: list[str]) -> None:
-    """One shard entry (see :func:`check_structure`)."""
-    if not isinstance(shard, dict):
-        raise _bad(where, field, shard, "a shard entry (an object)")
-    check_shard_file(shard.get("file"), f"{field}.file", where)
-    for key in ("num_records", "bytes"):
-        _count(where, f"{field}.{key}", shard.get(key, _MISSING))
-    digest = shard.get("sha256", _MISSING)
-    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-        raise _bad(where, f"{field}.sha256", digest, "the shard's sha256 (64 lowercase hex digits)")
-    counts = shard.get("class_counts", _MISSING)
-    if isinstance(counts, list):  # version 2: every class's count
-        _dense_counts(where, f"{field}.class_counts", counts, names)
-    else:
-        _sparse_counts(where, f"{field}.class_counts", counts, names)
-    index = shard.get("index")
-    if index is not None:
-        digest = index.get("sha256", _MISSING) if isinstance(index, dict) else None
-        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-            allowed = "a record index entry ({'file': ..., 'sha256': 64 lowercase hex digits})"
-            raise _bad(where, f"{field}.index", index, allowed)
-        check_shard_file(index.get("file"), f"{field}.index.file", where)
-
-
-def _sparse_counts(where: str, field: str, value: Any, names: list[str]) -> None:
-    """A shard's stored class counts (see :func:`sparse_counts`), with labels that have a
-    class name."""
-    allowed = "{'classes': [labels], 'counts': [a count per label]}"
-    if not isinstance(value, dict):
-        raise _bad(where, field, value, allowed)
-    labels, counts = value.get("classes", _MISSING), value.get("counts", _MISSING)
-    if not isinstance(labels, list) or not all(checks.is_int(c) for c in labels):
-        raise _bad(where, f"{field}.classes", labels, "a list of labels")
-    if len(set(labels)) != len(labels):
-        raise _bad(where, f"{field}.classes", labels, "a list of distinct labels")
-    beyond = [label for label in labels if not 0 <= label < len(names)]
-    if beyond:
-        raise _bad(
-            where,
-            f"{field}.classes",
-            labels,
-            f"labels from 0 to {len(names) - 1}: class_names has {len(names)} names, so label "
-            f"{beyond[0]} has none (the class names and the records' labels disagree)",
-        )
-    if (
-        not isinstance(counts, list)
-        or len(counts) != len(labels)
-        or not all(checks.is_int(c) and c >= 0 for c in counts)
-    ):
-        raise _bad(where, f"{field}.counts", counts, f"{len(labels)} counts, one per label")
 
 
 def sparse_counts(counts: dict[int, int]) -> dict[str, list[int]]:
@@ -333,21 +236,6 @@ def sparse_counts(counts: dict[int, int]) -> dict[str, list[int]]:
     """
     labels = sorted(label for label, count in counts.items() if count)
     return {"classes": labels, "counts": [int(counts[label]) for label in labels]}
-
-
-def dense_counts(stored: Any, num_classes: int) -> list[int]:
-    """Every class's count from a shard's stored counts (sparse, or a version-2 list).
-
-    Example:
-        >>> dense_counts({"classes": [0, 7], "counts": [5, 2]}, 8)
-        [5, 0, 0, 0, 0, 0, 0, 2]
-    """
-    if isinstance(stored, list):
-        return [int(count) for count in stored]
-    dense = [0] * num_classes
-    for label, count in zip(stored["classes"], stored["counts"], strict=True):
-        dense[label] = int(count)
-    return dense
 
 
 def manifest_path(path: str | os.PathLike) -> tuple[str, str]:

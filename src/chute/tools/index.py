@@ -29,12 +29,12 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from chute.errors import ChuteError
 from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
 from chute.format import storage
+from chute.format.splits import IndexEntry, Shard
 
 log = logging.getLogger(__name__)
 _REMOTE_THREADS = 16  # shards on a bucket are read in parallel, each in one pass
@@ -91,12 +91,12 @@ def index(
         False
     """
     manifest = manifest_lib.load(path)
-    shards = [shard for split in manifest.splits.values() for shard in split["shards"]]
+    shards = [shard for split in manifest.splits.values() for shard in split.shards]
     report = IndexReport(manifest.location, num_shards=len(shards))
     threads = 1 if storage.is_local(manifest.location) else _REMOTE_THREADS
     with ThreadPoolExecutor(max(1, min(threads, len(shards)))) as pool:
         moved = list(pool.map(lambda shard: _move_old_layout(manifest.location, shard), shards))
-    report.moved = [shard["file"] for shard, done in zip(shards, moved, strict=True) if done]
+    report.moved = [shard.name for shard, done in zip(shards, moved, strict=True) if done]
     if report.moved:
         log.info(
             "%s: moved %d record index(es) from beside the shards into %s/",
@@ -113,28 +113,35 @@ def index(
     with ThreadPoolExecutor(min(threads, len(todo))) as pool:
         work = pool.map(lambda shard: _index_shard(manifest.location, shard), todo)
         for done, (shard, entry) in enumerate(zip(todo, work, strict=True), 1):
-            entries[shard["file"]] = entry
+            entries[shard.name] = entry
             if progress:
                 progress("index", done, len(todo))
-    for shard in todo:  # the manifest is written once, when every index is in place
-        shard["index"] = entries[shard["file"]]
-        report.written.append(shard["file"])
+    manifest.splits = {  # the manifest is written once, when every index is in place
+        name: dataclasses.replace(
+            split,
+            shards=tuple(
+                dataclasses.replace(s, index=entries.get(s.name, s.index)) for s in split.shards
+            ),
+        )
+        for name, split in manifest.splits.items()
+    }
+    report.written += [shard.name for shard in todo]
     manifest.save(manifest.location)
     return report
 
 
-def _move_old_layout(location: str, shard: dict[str, Any]) -> bool:
+def _move_old_layout(location: str, shard: Shard) -> bool:
     """Moves the shard's index from beside it (where an older chute wrote it) into the
     ``index/`` folder; True when one was moved. Where the folder holds the manifest's index
     already, the one beside the shard is a leftover and is deleted."""
-    entry = shard.get("index")
-    name = entry["file"] if entry else record_index.index_name(shard["file"])
+    entry = shard.index
+    name = entry.file if entry else record_index.index_name(shard.name)
     old = record_index.old_path(location, name)
     if not storage.exists(old):
         return False
     new = record_index.index_path(location, name)
     if entry and storage.exists(new) and _good(new, entry):
-        log.info("%s: deleting %s, a copy of %s", shard["file"], old, new)
+        log.info("%s: deleting %s, a copy of %s", shard.name, old, new)
         storage.remove(old)
         return True
     storage.makedirs(record_index.folder(location))
@@ -142,18 +149,18 @@ def _move_old_layout(location: str, shard: dict[str, Any]) -> bool:
     return True
 
 
-def _good(path: str, entry: dict[str, str]) -> bool:
-    return record_index.sha256(storage.read_bytes(path)) == entry["sha256"]
+def _good(path: str, entry: IndexEntry) -> bool:
+    return record_index.sha256(storage.read_bytes(path)) == entry.sha256
 
 
-def _has_index(location: str, shard: dict[str, Any]) -> bool:
+def _has_index(location: str, shard: Shard) -> bool:
     """Whether the shard's index is named in the manifest and there with its sha256."""
-    entry = shard.get("index")
-    if not entry:
+    entry = shard.index
+    if entry is None:
         return False
-    path = record_index.index_path(location, entry["file"])
+    path = record_index.index_path(location, entry.file)
     if not storage.exists(path):
-        log.info("%s: its record index %s is missing: writing it again", shard["file"], path)
+        log.info("%s: its record index %s is missing: writing it again", shard.name, path)
         return False
     if not _good(path, entry):
         log.warning("%s differs from the manifest (sha256): writing it again", path)
@@ -161,10 +168,10 @@ def _has_index(location: str, shard: dict[str, Any]) -> bool:
     return True
 
 
-def _index_shard(location: str, shard: dict[str, Any]) -> dict[str, str]:
+def _index_shard(location: str, shard: Shard) -> IndexEntry:
     """Reads one shard (CRCs, sha256, size and count checked), writes its index atomically;
     returns the manifest's ``index`` entry."""
-    name = shard["file"]
+    name = shard.name
     path = storage.join(location, name)
     if not storage.exists(path):
         raise ChuteError(f"Shard {name} of {location!r} is missing: convert the dataset again")
@@ -172,12 +179,12 @@ def _index_shard(location: str, shard: dict[str, Any]) -> dict[str, str]:
     with storage.open_file(path, "rb") as handle:
         found = record_index.scan(handle, where=f"Shard {name} of {location!r}", digest=digest)
     differs = []
-    if found.shard_bytes != shard["bytes"]:
-        differs.append(f"{found.shard_bytes} bytes, the manifest says {shard['bytes']}")
-    elif digest.hexdigest() != shard["sha256"]:
+    if found.shard_bytes != shard.bytes:
+        differs.append(f"{found.shard_bytes} bytes, the manifest says {shard.bytes}")
+    elif digest.hexdigest() != shard.sha256:
         differs.append("its sha256 is not the manifest's")
-    if len(found) != shard["num_records"]:
-        differs.append(f"{len(found)} records, the manifest says {shard['num_records']}")
+    if len(found) != shard.records:
+        differs.append(f"{len(found)} records, the manifest says {shard.records}")
     if differs:
         raise ChuteError(
             f"Shard {name} of {location!r} differs from the manifest ({'; '.join(differs)}): "
@@ -187,4 +194,4 @@ def _index_shard(location: str, shard: dict[str, Any]) -> dict[str, str]:
     path = record_index.index_path(location, record_index.index_name(name))
     storage.makedirs(record_index.folder(location))
     storage.write_atomic(path, data)
-    return record_index.entry(name, data)
+    return IndexEntry(record_index.index_name(name), record_index.sha256(data))

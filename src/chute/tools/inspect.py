@@ -43,10 +43,10 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
         f"{'per class (min/median/max)':>27}",
     ]
     for name, split in manifest.splits.items():
-        sizes = [s["bytes"] / 1e6 for s in split["shards"]]
-        counts = split["class_counts"]
+        sizes = [s.bytes / 1e6 for s in split.shards]
+        counts = split.class_counts
         lines.append(
-            f"{name:<6} {split['num_examples']:>8} {len(sizes):>7} "
+            f"{name:<6} {split.examples:>8} {len(sizes):>7} "
             f"{f'{min(sizes):.2f}-{max(sizes):.2f}':>19} "
             f"{f'{min(counts)}/{statistics.median(counts):g}/{max(counts)}':>27}"
         )
@@ -58,10 +58,10 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
     if manifest.num_classes <= _LIST_CLASSES_UP_TO:
         lines.append(f"{'label':>5}  {'class':<24}" + "".join(f"{n:>8}" for n in split_names))
         for label, name in enumerate(manifest.class_names):
-            counts = "".join(f"{manifest.splits[n]['class_counts'][label]:>8}" for n in split_names)
+            counts = "".join(f"{manifest.split(n).class_counts[label]:>8}" for n in split_names)
             lines.append(f"{label:>5}  {name:<24}{counts}")
     else:
-        train = manifest.splits["train"]["class_counts"]
+        train = manifest.split("train").class_counts
         order = sorted(range(manifest.num_classes), key=lambda i: (train[i], i))
         show = lambda ids: ", ".join(f"{manifest.class_names[i]} ({train[i]})" for i in ids)  # noqa: E731
         lines.append(f"smallest classes in train: {show(order[:5])}")
@@ -90,7 +90,7 @@ def imbalance(manifest: manifest_lib.Manifest, split: str) -> str:
         >>> imbalance(manifest, "train")  # doctest: +SKIP
         'train  50x (500 / 10); smallest: a (10), b (500)'
     """
-    counts = manifest.splits[split]["class_counts"]
+    counts = manifest.split(split).class_counts
     present = [count for count in counts if count]
     if not present:
         return f"{split:<6} no examples"

@@ -28,6 +28,7 @@ from chute.errors import ChuteError
 from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
 from chute.format import records, storage
+from chute.format.splits import Shard
 from chute.lazy import tf
 
 log = logging.getLogger(__name__)
@@ -84,81 +85,80 @@ def verify(
     """
     manifest = manifest_lib.load(path)
     report = VerifyReport(manifest.location)
-    total_shards = sum(len(split["shards"]) for split in manifest.splits.values())
+    total_shards = sum(len(split.shards) for split in manifest.splits.values())
     for name, split in manifest.splits.items():
         count, class_counts, shards_ok = 0, [0] * manifest.num_classes, True
-        for shard in split["shards"]:
+        for shard in split.shards:
             problems, read, read_counts = _check_shard(manifest, shard)
             # kept in the report, not logged: the command prints each problem once
-            report.problems += [(shard["file"], problem) for problem in problems]
+            report.problems += [(shard.name, problem) for problem in problems]
             shards_ok = shards_ok and not problems
             count += read
             if read_counts:
                 class_counts = [a + b for a, b in zip(class_counts, read_counts, strict=True)]
             report.num_shards += 1
             report.num_records += read
-            report.num_indexes += bool(shard.get("index"))
+            report.num_indexes += shard.index is not None
             report.old_layout_indexes += _old_layout(manifest.location, shard)
             if progress:
                 progress("verify", report.num_shards, total_shards)
         # The split's totals are what readers use for step counts: they must
         # match what its shards really hold.
-        if shards_ok and split["num_examples"] != count:
+        if shards_ok and split.examples != count:
             report.problems.append(
                 (
                     f"{name} split",
-                    f"num_examples is {split['num_examples']}, its shards hold {count}",
+                    f"num_examples is {split.examples}, its shards hold {count}",
                 )
             )
-        elif shards_ok and split["class_counts"] != class_counts:
+        elif shards_ok and list(split.class_counts) != class_counts:
             report.problems.append(
                 (f"{name} split", "per-class counts differ from what its shards hold")
             )
     return report
 
 
-def _check_shard(manifest: manifest_lib.Manifest, shard: dict) -> tuple[list[str], int, list[int]]:
+def _check_shard(manifest: manifest_lib.Manifest, shard: Shard) -> tuple[list[str], int, list[int]]:
     """Problems of one shard, and the record and per-class counts it really holds."""
-    path = storage.join(manifest.location, shard["file"])
+    path = storage.join(manifest.location, shard.name)
     if not storage.exists(path):
         return ["missing: the file is not there"], 0, []
     problems = []
     size = storage.size(path)
-    if size != shard["bytes"]:
-        problems.append(f"size is {size} bytes, the manifest says {shard['bytes']} (truncated?)")
+    if size != shard.bytes:
+        problems.append(f"size is {size} bytes, the manifest says {shard.bytes} (truncated?)")
     with _hashed_copy(path) as (readable, digest):
-        if digest != shard["sha256"]:
+        if digest != shard.sha256:
             problems.append("sha256 differs from the manifest: the file changed or is corrupt")
         count, class_counts, problem = _read_records(readable, manifest)
-        if shard.get("index"):
+        if shard.index is not None:
             problems += _check_index(manifest.location, shard, readable)
     if problem:
         problems.append(problem)
-    elif count != shard["num_records"]:
-        problems.append(f"holds {count} records, the manifest says {shard['num_records']}")
+    elif count != shard.records:
+        problems.append(f"holds {count} records, the manifest says {shard.records}")
     elif class_counts != manifest.shard_class_counts(shard):
         problems.append("per-class counts differ from the manifest")
     return problems, count, class_counts
 
 
-def _old_layout(location: str, shard: dict) -> bool:
+def _old_layout(location: str, shard: Shard) -> bool:
     """Whether the shard's index is read from beside it (an older chute's layout)."""
-    entry = shard.get("index")
-    if not entry:
+    if shard.index is None:
         return False
-    return record_index.in_old_layout(location, entry["file"])
+    return record_index.in_old_layout(location, shard.index.file)
 
 
-def _check_index(location: str, shard: dict, readable: str) -> list[str]:
+def _check_index(location: str, shard: Shard, readable: str) -> list[str]:
     """Problems of a shard's record index: missing, not the manifest's sha256, not an
     index, or offsets and lengths that are not the records' (read from ``readable``)."""
-    path = record_index.find(location, shard["index"]["file"])
-    name = record_index.shown(location, shard["index"]["file"], path)
+    path = record_index.find(location, shard.index.file)
+    name = record_index.shown(location, shard.index.file, path)
     if path is None:
         return [f"record index missing: {name} is not there (run `chute index` to write it)"]
     data = storage.read_bytes(path)
     problems = []
-    if record_index.sha256(data) != shard["index"]["sha256"]:
+    if record_index.sha256(data) != shard.index.sha256:
         problems.append(
             f"record index {name}: sha256 differs from the manifest: the index changed or is "
             "corrupt (run `chute index` to write it again)"
@@ -169,7 +169,7 @@ def _check_index(location: str, shard: dict, readable: str) -> list[str]:
         return [*problems, str(error)]
     try:
         with open(readable, "rb") as handle:
-            truth = record_index.scan(handle, where=shard["file"])
+            truth = record_index.scan(handle, where=shard.name)
     except ChuteError:  # the shard's own damage: the record check reports it
         return problems
     if index != truth:
