@@ -82,7 +82,7 @@ TENSORFLOW_FREE = [
     "chute.format.index",
     "chute.format.parse",
     "chute.tools.index",
-    "chute.read.grain_source",
+    "chute.read.grain.source",
 ]
 
 

@@ -11,9 +11,10 @@ read back by a fast tf.data pipeline and trained on under any
   reader and predict (decode, orientation, colour mode, resize, encode);
 - ``chute.ingest``: ``convert`` (sources, split, decode/encode workers, shard
   writer, resume);
-- ``chute.read``: ``load`` and its ``LoadOptions`` (plan, shard reader, batches,
-  augmentation, the pipeline), the ``image_dataset_from_directory`` drop-in and
-  ``grain_source`` (records by number, for Grain);
+- ``chute.read``: ``load`` and its ``LoadOptions`` over two engines, ``tf`` (the
+  tf.data pipeline: plan, shard reader, batches, augmentation, the tf.data service)
+  and ``grain`` (batches by number over ``chute.read.grain.source``, records by
+  number), the ``image_dataset_from_directory`` drop-in;
 - ``chute.fit``: ``train`` (config, strategy, models, run directory, the
   multi-worker loop), ``evaluate``, ``predict``, ``export``;
 - ``chute.tools``: ``inspect``, ``verify``, ``index`` (record indexes for a dataset
@@ -67,8 +68,8 @@ _EXPORTS = {
     "image_dataset_from_directory": "chute.read.dropin",
     "index": "chute.tools.index",
     "IndexReport": "chute.tools.index",
-    "grain_source": "chute.read.grain_source",
-    "GrainSource": "chute.read.grain_source",
+    "grain_source": "chute.read.grain.source",
+    "GrainSource": "chute.read.grain.source",
 }
 __all__ = [
     "Bundle",
@@ -118,7 +119,7 @@ if TYPE_CHECKING:
     from chute.ingest.convert import ConvertResult, convert
     from chute.ingest.options import ConvertOptions
     from chute.read.dropin import image_dataset_from_directory
-    from chute.read.grain_source import GrainSource, grain_source
+    from chute.read.grain.source import GrainSource, grain_source
     from chute.read.load import load
     from chute.read.options import LoadOptions
     from chute.tools.index import IndexReport, index

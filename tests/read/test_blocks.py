@@ -17,8 +17,8 @@ from PIL import Image
 
 import chute
 from chute.lazy import tf
-from chute.read import pipeline
-from chute.read.plan import BLOCK
+from chute.read.tf import pipeline
+from chute.read.tf.plan import BLOCK
 
 PER_CLASS = 650  # two classes, two shards of 650 records each: three blocks of at most 256
 TOTAL = 2 * PER_CLASS

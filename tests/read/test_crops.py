@@ -66,7 +66,7 @@ def test_random_crops_give_full_static_batches_of_the_size_asked(photos):
 
 
 def test_a_seed_gives_the_same_crops_on_any_number_of_cores(photos, monkeypatch):
-    from chute.read import plan
+    from chute.read.tf import plan
 
     first = _keys(_load(photos, augment=["crop", "flip"], seed=7, cache=None))
     for cores in (1, 3):
@@ -234,7 +234,7 @@ def test_fixed_size_datasets_take_crops_too(tmp_path):
 
 
 def test_host_augmentation_ops_do_what_they_say():
-    from chute.read.host_augment import HostAugmentation
+    from chute.read.tf.host_augment import HostAugmentation
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (8, 12, 10, 3), dtype=np.uint8)
@@ -258,7 +258,7 @@ def test_host_augmentation_ops_do_what_they_say():
 def test_host_augmentation_with_a_seed_is_the_same_on_any_core_count(
     photos, tmp_path, monkeypatch, stored
 ):
-    from chute.read import plan
+    from chute.read.tf import plan
 
     out = photos
     if stored == "raw":  # the block path: decoded pixels shuffled in windows

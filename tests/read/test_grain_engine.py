@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import jax_child_env, once_per_run, write_image
+from resume_plans import PLANS, TWICE, check_resumed, resume_shards
 
 import chute
 from chute import ChuteError
@@ -23,22 +23,8 @@ TESTS = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    """3 classes x 40 RGB 24x32 photos-like images as JPEG shards (train 90 in 12
-    shards, val 30), stored at their aspect ratio (evaluation centre-crops them)."""
-
-    def build(root: Path) -> None:
-        rng = np.random.default_rng(0)
-        for label, name in enumerate("abc"):
-            for index in range(40):
-                pixels = rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)
-                pixels[:, :, label] = 200
-                write_image(root / "src" / name / f"{index:03d}.png", pixels)
-        chute.convert(
-            root / "src", root / "shards", image_size=(24, 32), resize="crop", encoding="jpeg",
-            val_fraction=0.25, min_shards=12, workers=1,
-        )  # fmt: skip
-
-    return once_per_run(tmp_path_factory, "grain-shards", build) / "shards"
+    """3 classes x 40 RGB 24x32 photos-like JPEG shards (train 90 in 12 shards, val 30)."""
+    return resume_shards(tmp_path_factory)
 
 
 def test_each_epoch_is_a_new_global_permutation(shards):
@@ -57,6 +43,21 @@ def test_each_epoch_is_a_new_global_permutation(shards):
     same = chute.load(shards, engine="grain", batch_size=8, seed=3, workers=0)
     np.testing.assert_array_equal(np.concatenate([b[0] for b in iter(same)]),
                                   np.concatenate([b[0] for b in batches[0]]))  # fmt: skip
+
+
+def test_a_stream_reads_from_its_position_however_often_it_is_iterated(shards):
+    """A resumed run's input (chute.fit.position): Keras iterates a dataset a few times
+    before it trains, so each iter() of a stream starts at its position, batch j of epoch
+    e being the plain dataset's; the plain dataset still moves on an epoch per iter()."""
+    from chute.read.stream import StreamPosition
+
+    train = chute.load(shards, engine="grain", batch_size=8, seed=3, workers=0)
+    epochs = [list(iter(train)) for _ in range(2)]
+    stream = train.stream(StreamPosition(epoch=1, batch=4))
+    for _ in range(2):
+        np.testing.assert_array_equal(next(iter(stream))[0], epochs[1][4][0])
+    assert len(list(iter(stream))) == 11 - 4  # not repeated: to the epoch's end
+    assert stream.chute is train.chute and train.epoch == 2
 
 
 def test_the_start_of_an_epoch_draws_from_almost_every_shard(tmp_path):
@@ -150,104 +151,17 @@ def test_what_the_grain_engine_cannot_do_is_refused(shards):
     assert device.chute.device_augmentation is not None
 
 
-# Kills at different steps (6, 14 and 3 of 11 per epoch backed up before them, every 3):
-# "twice" dies again inside the epoch it resumed (its backup there must say epoch 1, not 0),
-# "thrice" twice inside resumed epochs; "in the write" dies in the middle of writing the
-# weights, then in the middle of writing the backup's record; "unreadable" resumes from the
-# backup before a damaged one. "tf twice" is "twice" on the tf.data engine, which reads an
-# interrupted epoch again from its first batch but must resume the epoch of the last kill.
-TWICE = [{"batches": 14}, {"batches": 5}]
-PLANS = {
-    "once": [{"batches": 8}],
-    "twice": TWICE,
-    "thrice": [{"batches": 5}, {"batches": 4}, {"batches": 9}],
-    "in the write": [{"batches": 8}, {"in_weights": 2}, {"in_state": 1}],
-    "unreadable": [{"batches": 8}, {"corrupt": True}],
-}
-BEGAN = {  # the epochs each attempt began: after a kill, the epoch it interrupted
-    "once": [[0], [0, 1, 2]],
-    "twice": [[0, 1], [1], [1, 2]],
-    "thrice": [[0], [0], [0, 1], [1, 2]],
-}
-ON_JAX = ("twice", "in the write", "unreadable")  # the rest is the backend-free logic
-
-
-def run_resume_child(shards: Path, root: Path, backend: str, plans: dict) -> dict:
-    """tests/resume_child.py on ``backend``: uninterrupted runs, then each plan's kills."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""}
-    env.update(jax_child_env(root / "jax-cache"))  # the runs compile the same programs
-    args = [sys.executable, str(TESTS / "resume_child.py"), str(shards), str(root)]
-    args.append(json.dumps(plans))
-    done = subprocess.run(args, timeout=700, capture_output=True, env=env, text=True, cwd=TESTS)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "ran out of data" not in done.stderr  # Keras knows the validation steps
-    return json.loads(done.stdout.split("RESULT ")[-1]) | {"stderr": done.stderr}
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(800)
-@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
-def test_a_run_killed_any_number_of_times_resumes_on_the_next_batch(shards, tmp_path, backend):
-    """Killed once, twice and three times at different steps (mid-epoch, inside a resumed
-    epoch), inside a backup write, and with its newest backup damaged: each run ends with
-    an uninterrupted run's weights, bit for bit (the same batches, learning rate, optimizer
-    step and dropout draws), with each epoch in its history once, on either backend (JAX:
-    the plans that differ in what they save and load)."""
-    names = PLANS if backend == "tensorflow" else ON_JAX
-    plans = {name: {"engine": "grain", "attempts": PLANS[name]} for name in names}
-    if backend == "tensorflow":
-        plans["tf twice"] = {"engine": "tf", "attempts": TWICE}
-    results = run_resume_child(shards, tmp_path, backend, plans)
-    for name, plan in plans.items():
-        result = results[name]
-        assert result["killed"] == [*("corrupt" not in how for how in plan["attempts"]), False]
-        assert result["same"] or plan["engine"] == "tf", f"{name}: not the whole run's weights"
-        assert all(len(values) == 3 for values in result["history"].values()), name
-        assert result["csv_rows"] == 1 + 3, name
-        assert "state.json" in result["left"][0], name
-        assert result["left"][-1] == [], name  # the backup goes once the run is over
-        assert result["began"] == BEGAN.get(name.removeprefix("tf "), result["began"]), name
-    assert "cannot be read" in results["stderr"] and ".unreadable" in results["stderr"]
-
-
-def _position(engine: str, iterations: int, steps: int = 6):
-    import types
-
-    from chute.fit import position
-
-    calls = []
-    dataset = types.SimpleNamespace(set_epoch=lambda epoch, start: calls.append((epoch, start)))
-    callback = position.input_position(dataset, steps=steps, first_epoch=2, engine=engine)
-    model = types.SimpleNamespace(
-        optimizer=types.SimpleNamespace(iterations=iterations), stop_training=False
-    )
-    callback.set_model(model)
-    return callback, model, calls
-
-
-def test_the_position_goes_on_from_the_restored_step_and_ends_that_epoch_early():
-    callback, model, calls = _position("grain", iterations=10)  # epoch 1, 4 of 6 batches done
-    callback.on_train_begin()
-    callback.on_epoch_begin(1)
-    assert calls == [(3, 4)]  # data epoch 2 + 1, from batch 4
-    callback.on_train_batch_end(0)
-    assert not callback.cut and not model.stop_training
-    callback.on_train_batch_end(1)  # the epoch's 2 remaining batches are trained
-    assert callback.cut and model.stop_training
-    callback.on_train_begin()  # the next fit: from that epoch's end
-    model.optimizer.iterations, model.stop_training = 12, False
-    callback.on_epoch_begin(2)
-    callback.on_train_batch_end(5)
-    assert calls[-1] == (4, 0) and not callback.cut and not model.stop_training
-
-
-def test_the_tf_engine_says_an_interrupted_epoch_starts_again(caplog):
-    callback, _, calls = _position("tf", iterations=10)
-    with caplog.at_level("INFO", logger="chute.fit.position"):
-        callback.on_train_begin()
-        callback.on_epoch_begin(1)
-    assert "reads the epoch again from its first batch" in caplog.text
-    assert calls == [] and not callback.cut
+def test_a_run_killed_any_number_of_times_resumes_on_the_next_batch(shards, tmp_path):
+    """Killed three times at different steps (mid-epoch, inside resumed epochs), inside
+    each backup write and with its newest backup damaged: each run ends with an
+    uninterrupted run's weights, bit for bit (the same batches, learning rate, optimizer
+    step and dropout draws), with each epoch in its history once; the tf.data engine,
+    killed twice, resumes the epoch of its last kill (JAX: tests/fit/test_resume_jax.py)."""
+    plans = {name: {"engine": "grain", "attempts": attempts} for name, attempts in PLANS.items()}
+    plans["tf twice"] = {"engine": "tf", "attempts": TWICE}
+    check_resumed(shards, tmp_path, "tensorflow", plans)
 
 
 def test_cli_train_flags_of_the_grain_engine_are_checked(shards, tmp_path):
@@ -263,26 +177,21 @@ def test_cli_train_flags_of_the_grain_engine_are_checked(shards, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_training_validates_with_threads_on_the_grain_engine(shards, monkeypatch):
+def test_training_validates_with_threads_on_the_grain_engine(shards):
     """Keras iterates validation anew each epoch: worker processes would start each time."""
-    import types
-
     from chute import LoadOptions, TrainConfig
+    from chute.fit import reading
     from chute.fit import train as training
+    from chute.fit.devices import Devices
 
-    asked, real_load = [], training.load
-    monkeypatch.setattr(
-        training, "load", lambda *args, **kwargs: asked.append(kwargs) or real_load(*args, **kwargs)
-    )
-    monkeypatch.setattr(training, "_per_host", lambda strategy: False)
-    strategy = types.SimpleNamespace(chute_kind="cpu", num_replicas_in_sync=1)
     manifest = chute.load_manifest(str(shards))
-    for workers, expected in ((None, 0), (2, None)):
-        read = LoadOptions(engine="grain", workers=workers)
-        val, steps = training._val_split(manifest, TrainConfig(), strategy, read, 1.0)
-        assert asked[-1].get("workers") == expected and asked[-1]["training"] is False
+    for workers, expected in ((None, 0), (2, 2)):
+        config = TrainConfig(batch_size=32, load=LoadOptions(engine="grain", workers=workers))
+        _, asked = reading.reading(config, Devices("cpu"), manifest)
+        assert asked.workers == expected and asked.training is False
         # Keras is told the steps (else it reads to the end, and warns it ran out of data)
-        assert steps == len(val) == -(-30 // 32) and asked[-1]["repeat"] is True
+        inputs = training._inputs(manifest, config, Devices("cpu"))
+        assert inputs.val_steps == len(inputs.val) == -(-30 // 32) and asked.repeat is True
 
 
 def _shared_memory() -> set[str]:
@@ -411,3 +320,26 @@ def test_input_pipelines_without_a_seed_share_one_order(shards):
     assert [t.batches.seed for t in again] == [t.batches.seed for t in first]
     alone = [chute.load(shards, engine="grain", batch_size=8, workers=0) for _ in range(2)]
     assert alone[0].batches.seed != alone[1].batches.seed  # one pipeline: drawn each time
+
+
+def test_an_empty_evaluation_share_pads_with_weight_0(shards):
+    """A JAX process whose share of a small val split is empty (fewer examples than
+    processes) runs the others' steps in weight-0 batches; only an empty split is refused."""
+    import types
+
+    last = types.SimpleNamespace(num_input_pipelines=32, input_pipeline_id=31)  # 30 in val
+    val = chute.load(shards, "val", engine="grain", batch_size=8, workers=0,
+                     pad_final_batch=True, input_context=last)  # fmt: skip
+    batches = list(val)
+    assert len(batches) == val.chute.steps == 1 and val.chute.num_examples == 0
+    images, labels, weights = batches[0]
+    assert len(images) == len(labels) == 8 and not weights.any() and not images.any()
+
+
+def test_the_grain_engine_logs_its_class_sampling(imbalanced, caplog):
+    with caplog.at_level("INFO", logger="chute"):
+        chute.load(imbalanced, engine="grain", batch_size=30, seed=0, workers=0,
+                   sampling="balanced")  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sampling=")]
+    assert lines == ["sampling='balanced': 2 of 2 classes drawn, p = 0.5 each; 510 draws an "
+                     "epoch: '0' (10 examples) ~25.5 times each, '1' (500) ~0.51"]  # fmt: skip

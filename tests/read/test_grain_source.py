@@ -198,7 +198,7 @@ def test_it_reads_through_a_tensorflow_filesystem(shared_dataset):
 
 def test_importing_it_loads_neither_tensorflow_nor_grain():
     code = (
-        "import sys, chute.read.grain_source; "
+        "import sys, chute.read.grain.source; "
         "print(sorted(m for m in ('tensorflow', 'keras', 'jax', 'grain') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

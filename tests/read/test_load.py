@@ -422,10 +422,10 @@ def test_any_shuffle_window_gives_full_batches_each_example_at_most_once(data, s
 
 
 def test_shuffle_window_is_capped_by_memory(data, monkeypatch, caplog):
-    from chute.read import plan
+    from chute.read.tf import plan
 
     monkeypatch.setattr(plan, "WINDOW_BYTES", 2 * HEIGHT * WIDTH * 3)  # two images
-    with caplog.at_level("INFO", logger="chute.read.plan"):
+    with caplog.at_level("INFO", logger="chute.read.tf.plan"):
         ds = chute.load(data.out(), batch_size=BATCH, training=True, seed=1)
     assert "shuffle window: 4 records" in caplog.text  # never less than one batch
     got = _multiset(_examples(ds))
@@ -1030,7 +1030,7 @@ def test_ram_filesystem(data):
 def test_the_block_shuffle_is_capped_by_bytes_like_the_window(data):
     """Cached 224x224x3 blocks are ~38 MB each: the block shuffle holds a window's
     worth (<= 128 MB), not shuffle_buffer // 256 of them (32 blocks, ~1.2 GB)."""
-    from chute.read import plan as plan_lib
+    from chute.read.tf import plan as plan_lib
 
     manifest = chute.load_manifest(data.out())
     large = dataclasses.replace(manifest.image, height=224, width=224)
@@ -1068,7 +1068,7 @@ def test_every_input_pipeline_yields_as_many_batches(tmp_path_factory):
     out = root / "out"
     chute.convert(src, out, min_shards=16, workers=1)
     manifest = chute.load_manifest(out)
-    from chute.read.plan import pipeline_sizes
+    from chute.read.tf.plan import pipeline_sizes
 
     sizes = pipeline_sizes(manifest, "train", 3)
     assert len(set(sizes)) > 1  # the shares differ, or the test proves nothing
@@ -1109,12 +1109,12 @@ def test_the_memory_limit_is_the_containers_when_lower(tmp_path):
 def test_cache_auto_shares_one_budget_in_the_process(data, monkeypatch, caplog):
     import gc
 
-    from chute.read import load as load_lib
+    from chute.read.tf import engine as load_lib
 
     out = data.out()
     size = 18 * HEIGHT * WIDTH * 3  # the train split, decoded
     monkeypatch.setattr(load_lib, "CACHE_BUDGET", load_lib.CacheBudget(size + size // 2))
-    with caplog.at_level("INFO", logger="chute.read.plan"):
+    with caplog.at_level("INFO", logger="chute.read.tf.plan"):
         first = chute.load(out, batch_size=BATCH)
         second = chute.load(out, batch_size=BATCH)
     assert first.chute.cached_in == "memory" and second.chute.cached_in is None
@@ -1134,8 +1134,8 @@ def test_cache_auto_shares_one_budget_in_the_process(data, monkeypatch, caplog):
 def test_making_a_plan_reserves_nothing(data, monkeypatch):
     """make_plan is pure: what cache="auto" may take is an input, and the reservation is
     load's, given back when the dataset is gone."""
-    from chute.read import load as load_lib
-    from chute.read import plan as plan_lib
+    from chute.read.tf import engine as load_lib
+    from chute.read.tf import plan as plan_lib
 
     size = 18 * HEIGHT * WIDTH * 3
     budget = load_lib.CacheBudget(10 * size)
@@ -1149,7 +1149,7 @@ def test_making_a_plan_reserves_nothing(data, monkeypatch):
 
 
 def test_a_failed_build_gives_the_cache_reservation_back(data, monkeypatch):
-    from chute.read import load as load_lib
+    from chute.read.tf import engine as load_lib
 
     budget = load_lib.CacheBudget(1 << 30)
     monkeypatch.setattr(load_lib, "CACHE_BUDGET", budget)

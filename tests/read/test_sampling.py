@@ -20,8 +20,8 @@ from helpers import run_here
 import chute
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
-from chute.read.plan import make_plan
 from chute.read.sampling import class_probabilities, probabilities
+from chute.read.tf.plan import make_plan
 
 BATCH = 32  # 510 training examples: 15 full batches an epoch
 

@@ -26,7 +26,7 @@ from PIL import Image
 import chute
 from chute.errors import ChuteError
 from chute.lazy import tf
-from chute.read import service
+from chute.read.tf import service
 
 PER_CLASS = 100  # 200 records in 8 shards, batches of 4: with no worker lost, an epoch
 BATCH = 4  # holds every record (each worker's short last batch is regrouped by the reader)

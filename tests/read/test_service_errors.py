@@ -28,8 +28,8 @@ from helpers import run_here
 import chute
 from chute.errors import ChuteError
 from chute.lazy import tf
-from chute.read import service
 from chute.read.options import LoadOptions
+from chute.read.tf import service
 
 
 def _closed_port() -> int:
@@ -112,7 +112,7 @@ def test_a_dispatcher_that_comes_up_while_waiting_is_found(caplog):
     thread = threading.Thread(target=listen_later, daemon=True)
     thread.start()
     try:
-        with caplog.at_level(logging.INFO, logger="chute.read.service"):
+        with caplog.at_level(logging.INFO, logger="chute.read.tf.service"):
             service.wait_for_dispatcher(f"grpc://127.0.0.1:{port}", timeout=30)
     finally:
         done.set()
@@ -244,7 +244,7 @@ class _FakeServer:
 def test_each_server_start_warns_that_it_is_open_to_whoever_reaches_it(monkeypatch, caplog):
     monkeypatch.setattr(tf.data.experimental.service, "DispatchServer", _FakeServer)
     monkeypatch.setattr(tf.data.experimental.service, "WorkerServer", _FakeServer)
-    with caplog.at_level(logging.INFO, logger="chute.read.service"):
+    with caplog.at_level(logging.INFO, logger="chute.read.tf.service"):
         service.serve_dispatcher(5391)
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     text = warning.getMessage()
@@ -253,7 +253,7 @@ def test_each_server_start_warns_that_it_is_open_to_whoever_reaches_it(monkeypat
     assert "private network" in text and "firewall" in text
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="chute.read.service"):
+    with caplog.at_level(logging.INFO, logger="chute.read.tf.service"):
         service.serve_worker("127.0.0.1:5391", port=5392)
         service.serve_worker("127.0.0.1:5391")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -1,4 +1,4 @@
-"""Augmentation by name, where it is cheapest, and what happens to a batch after shuffling.
+"""Augmentation by name, and where it is cheapest (both engines).
 
 Names (``augment=[...]``), or Keras layers:
 
@@ -12,7 +12,7 @@ Names (``augment=[...]``), or Keras layers:
   train step on the accelerator (``chute train`` does so when there is one),
   so the host pipeline stays at decode speed; with ``augment_on="host"`` they
   run per batch in the pipeline: the first five (and a ``"flip"`` not fused
-  with decoding) with OpenCV (:mod:`chute.read.host_augment`), the others as
+  with decoding) with OpenCV (:mod:`chute.read.tf.host_augment`), the others as
   Keras layers.
 
 Example:
@@ -24,13 +24,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chute import checks
 from chute.lazy import keras, tf
-
-if TYPE_CHECKING:
-    from chute.read.plan import ReadPlan
 
 FUSED = ("crop", "flip")
 LAYERS = {
@@ -129,43 +126,3 @@ class DeviceAugmentation:
             out, labels = mixed["images"], mixed["labels"]
         out = tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8)
         return out if labels is None else (out, labels)
-
-
-def labelled(plan: ReadPlan, images, labels):
-    """``(images, labels)`` in the label mode asked for (or images alone), with static shapes."""
-    images = tf.ensure_shape(images, (None, *plan.shape))
-    labels = tf.ensure_shape(labels, (None,))
-    if plan.label_mode is None:
-        return images
-    if plan.label_mode == "int":
-        return images, tf.cast(labels, tf.int32)
-    if plan.label_mode == "binary":
-        return images, tf.cast(tf.reshape(labels, (-1, 1)), tf.float32)
-    return images, tf.one_hot(labels, plan.num_classes, dtype=tf.float32)
-
-
-def finisher(plan: ReadPlan, augmentation: DeviceAugmentation | None, host=None):
-    """``((images, labels), key) -> batch``: host augmentation (``host``: OpenCV,
-    keyed per batch; then Keras's layers), labels and cast, as ``plan`` says."""
-
-    def finish(batch, key):
-        images, labels = batch
-        if host:
-            images = host(images, key)
-        out = labelled(plan, images, labels)
-        if augmentation:  # on the host: images (and one-hot labels, for MixUp/CutMix)
-            if plan.label_mode is None:
-                out = augmentation(out)
-            elif augmentation.mixing:
-                out = augmentation(*out)
-            else:
-                out = (augmentation(out[0]), out[1])
-        if plan.dtype == "uint8":
-            return out
-        images, rest = (out, ()) if plan.label_mode is None else (out[0], out[1:])
-        images = tf.cast(images, tf.float32) / 255.0
-        if plan.dtype == "bfloat16":
-            images = tf.cast(images, tf.bfloat16)
-        return images if plan.label_mode is None else (images, *rest)
-
-    return finish

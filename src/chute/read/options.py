@@ -7,7 +7,7 @@ keywords, of a training config's ``[load]`` table and of ``chute train``'s
 reading flags are written here only. What depends on the dataset (two classes
 for ``label_mode="binary"``, an ``image_size`` for images stored at their own
 sizes, the split's default ``training``) is checked by
-:func:`chute.read.plan.make_plan`.
+:func:`chute.read.target.target`, for both engines.
 
 Example:
     >>> options = LoadOptions(batch_size=64, augment="crop,flip", seed=1)
@@ -22,13 +22,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from chute import checks
 from chute.errors import ChuteError
 from chute.image.size import parse_image_size
-from chute.read import service
 from chute.read.augment import PLACES, AugmentSpec, parse_augment
 from chute.settings import from_mapping, option
 
@@ -38,6 +38,11 @@ DEFAULT_CROP_SCALE = (0.08, 1.0)  # Inception-style random-resized crop: share o
 DEFAULT_CROP_RATIO = (3 / 4, 4 / 3)  # and aspect ratio (width / height) of the window
 CACHE_ALLOWED = "'auto', 'memory', 'disk:FOLDER' or None"
 ENGINES = ("tf", "grain")
+DISPATCHER_TIMEOUT = 60.0
+"""Seconds ``chute.load`` waits for a tf.data service dispatcher to answer by default."""
+_ADDRESS = re.compile(
+    r"^(?:grpc://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$"
+)
 SAMPLING_ALLOWED = "None, 'balanced', or a mapping {class name or index: weight >= 0}"
 
 
@@ -100,7 +105,7 @@ class LoadOptions:
             of the draws; classes by name or index, missing ones weigh 0).
         workers: Grain engine: processes that decode and crop (``None``: one
             per core, or threads in the calling process where spawned workers would
-            run the script's top level again: see :mod:`chute.read.grain_workers`;
+            run the script's top level again: see :mod:`chute.read.grain.workers`;
             0: threads in the calling process).
 
     Example:
@@ -152,7 +157,7 @@ class LoadOptions:
         metavar="grpc://HOST:PORT",
     )  # fmt: skip
     data_service_timeout: float = option(
-        service.DISPATCHER_TIMEOUT,
+        DISPATCHER_TIMEOUT,
         "seconds to wait for the tf.data service dispatcher",
         metavar="SECONDS",
     )
@@ -202,7 +207,7 @@ class LoadOptions:
                 "Received: label_mode=None"
             )
         if self.data_service is not None:
-            address = service.check_address("data_service", self.data_service)
+            address = check_address("data_service", self.data_service)
             object.__setattr__(self, "data_service", address)
         timeout = checks.positive_number(
             "data_service_timeout", self.data_service_timeout, "a positive number of seconds"
@@ -314,3 +319,16 @@ def _range(name: str, value: Any, low: float, high: float) -> tuple[float, float
 
 def _real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_address(name: str, value: Any) -> str:
+    """A tf.data service dispatcher's address as ``grpc://HOST:PORT``.
+
+    Example:
+        >>> check_address("data_service", "10.0.0.2:5050")
+        'grpc://10.0.0.2:5050'
+    """
+    match = _ADDRESS.match(value) if isinstance(value, str) else None
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise checks.bad_value(name, value, "a dispatcher address grpc://HOST:PORT (or HOST:PORT)")
+    return f"grpc://{match['host']}:{int(match['port'])}"

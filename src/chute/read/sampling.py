@@ -5,7 +5,7 @@ A training epoch with sampling draws as many examples as one without: each draw
 picks a class with its probability, then one of that class's examples (with
 replacement: a small class is seen several times an epoch, a large one partly).
 ``"balanced"`` weighs every class that has examples the same. TensorFlow-free:
-the ``tf.data`` engine (:mod:`chute.read.pipeline`) and the Grain engine share it.
+the ``tf.data`` engine (:mod:`chute.read.tf.pipeline`) and the Grain engine share it.
 
 Example:
     >>> probabilities(["cat", "dog", "eel"], [10, 500, 0], "balanced")
@@ -53,7 +53,7 @@ def class_probabilities(
     if sampling is None:
         return None
     if counts is None:
-        counts = manifest.splits[split]["class_counts"]
+        counts = manifest.split(split).class_counts
     return probabilities(manifest.class_names, counts, sampling)
 
 
@@ -132,10 +132,10 @@ def share_counts(
         >>> share_counts(manifest, "train")  # doctest: +SKIP
         ((10, 500), ((0, 1), (1,)))
     """
-    shards = manifest.splits[split]["shards"]
+    shards = manifest.split(split).shards
     if pipelines > 1 and not by_record:
         shards = shards[index::pipelines]
-    held = [_held(shard["class_counts"]) for shard in shards]
+    held = [{label: n for label, n in shard.class_counts if n} for shard in shards]
     totals = [0] * manifest.num_classes
     for classes in held:
         for label, count in classes.items():
@@ -176,16 +176,6 @@ def describe(
         f"~{ratio[most]:.3g} times each, {class_names[least]!r} ({counts[least]}) "
         f"~{ratio[least]:.3g}"
     )
-
-
-def _held(stored: Any) -> dict[int, int]:
-    """The classes one shard holds and their counts, from its stored class counts
-    (sparse, or a version-2 list of every class's)."""
-    if isinstance(stored, dict):
-        pairs = zip(stored["classes"], stored["counts"], strict=True)
-    else:
-        pairs = enumerate(stored)
-    return {int(label): int(count) for label, count in pairs if count}
 
 
 def _some(names: Sequence[str]) -> str:

@@ -44,7 +44,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import signal
 import socket
 import threading
@@ -54,32 +53,15 @@ from typing import Any
 from chute import checks
 from chute.errors import ChuteError
 from chute.lazy import tf
+from chute.read.options import DISPATCHER_TIMEOUT, check_address
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 5050
-DISPATCHER_TIMEOUT = 60.0
-"""Seconds ``chute.load`` waits for a dispatcher to answer by default."""
 # The call every tf.data service client makes first (TensorFlow's compatibility check): a
 # dispatcher answers it at once, and it changes nothing there.
 _VERSION_CALL = "/tensorflow.data.DispatcherService/GetVersion"
-_ADDRESS = re.compile(
-    r"^(?:grpc://)?(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$"
-)
 _LOCAL = ("localhost", "127.0.0.1", "[::1]")
-
-
-def check_address(name: str, value: Any) -> str:
-    """A dispatcher's address as ``grpc://HOST:PORT``.
-
-    Example:
-        >>> check_address("data_service", "10.0.0.2:5050")
-        'grpc://10.0.0.2:5050'
-    """
-    match = _ADDRESS.match(value) if isinstance(value, str) else None
-    if match is None or not 0 < int(match["port"]) < 65536:
-        raise checks.bad_value(name, value, "a dispatcher address grpc://HOST:PORT (or HOST:PORT)")
-    return f"grpc://{match['host']}:{int(match['port'])}"
 
 
 def _port(value: Any, *, zero: bool) -> int:

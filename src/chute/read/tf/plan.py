@@ -1,5 +1,6 @@
-"""What a ``chute.load`` call will read and how: its options resolved against the manifest
-into a :class:`ReadPlan`, before anything is built. Making a plan has no side effect.
+"""What the tf.data engine will read and how: ``chute.load``'s options resolved against
+the manifest into a :class:`ReadPlan`, before anything is built. Making a plan has no
+side effect.
 
 Example:
     >>> plan = make_plan(manifest, "train", LoadOptions(batch_size=128))  # doctest: +SKIP
@@ -20,15 +21,16 @@ from chute.format import storage
 from chute.format.manifest import Manifest
 from chute.format.spec import ImageSpec
 from chute.machine import available_cores
-from chute.read import service
+from chute.read import share as share_lib
 from chute.read.options import LoadOptions
 from chute.read.sampling import class_probabilities, describe, share_counts
+from chute.read.target import target
+from chute.read.tf import service
 
 log = logging.getLogger(__name__)
 
 BLOCK = 256  # records read, checked and decoded together from one shard
 WINDOW_BYTES = 128 << 20  # the most one shuffle window holds (decoded pixels, or records)
-DEFAULT_CROP_FRACTION = 0.875  # evaluation: centre crop of 224 from 256, the usual
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +58,9 @@ class ReadPlan:
             crop, or None.
         flip: flip left-right per image while decoding (with ``per_image``).
         crop_fraction: evaluation's centre crop (with ``per_image``).
-        steps: batches in an epoch, the same for every input pipeline: in
-            training the smallest pipeline's (the others stop there), in
-            evaluation with ``pad_final_batch`` the largest's (the others add
-            batches of padding, weight 0); in plain evaluation its own. Through
-            the ``tf.data`` service: the epoch's batches if nothing is lost.
+        steps: batches in an epoch, the same for every input pipeline (see
+            :func:`chute.read.share.steps`). Through the ``tf.data`` service: the
+            epoch's batches if nothing is lost.
         data_service: a ``tf.data`` service dispatcher (``grpc://HOST:PORT``)
             whose workers run this pipeline (training), or None.
         job_name: the service job that several input pipelines share, or None.
@@ -85,7 +85,9 @@ class ReadPlan:
     cache: str | None
     cache_bytes: int  # for cache="auto": what the caller reserves from the process's budget
     batch_size: int
-    replicas: int
+    # which input pipeline this is, of how many, feeding how many replicas (None: no
+    # input context, the only pipeline)
+    share: share_lib.Share | None
     seed: int | None
     dtype: str
     label_mode: str | None
@@ -159,9 +161,8 @@ def make_plan(
     Raises:
         ChuteError: what the options ask cannot be read from this dataset.
     """
-    manifest.check_split(split)
-    training = (split == "train") if options.training is None else options.training
-    _check_against(manifest, split, options, training)
+    aim = target(manifest, split, options)
+    training, shape = aim.training, aim.shape
     seed, cache, data_service = options.seed, options.cache, options.data_service
     if data_service is not None:
         if training:
@@ -169,17 +170,9 @@ def make_plan(
         else:
             data_service = None  # evaluation reads here: every example exactly once
     stored = manifest.image
-    size = options.image_size or stored.size
-    if size is None:
-        raise ChuteError(
-            f"{manifest.location} stores images at their own sizes; pass image_size=(H, W). "
-            "Received: image_size=None"
-        )
-    shape = (*size, stored.channels)
-    augment = options.augment_spec
-    crop_fraction, random_crop = _crops(stored, options, training and augment.crop)
-    pipelines, index, replicas = _pipeline(input_context)
-    cropped = random_crop is not None or stored.size != size or crop_fraction < 1
+    part = share_lib.Share.of(input_context)  # a share of the only pipeline without one
+    pipelines, index = part.pipelines, part.index
+    cropped = aim.random_crop is not None or stored.size != shape[:2] or aim.crop_fraction < 1
     namespace = _namespace(manifest, split, (pipelines, index), cropped, shape)
     sampled = options.sampling is not None
     cache, cache_bytes = _cache_target(
@@ -203,7 +196,9 @@ def make_plan(
     if num_examples == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
     batch_size = options.batch_size
-    steps = _steps(sizes, num_examples, batch_size, training, options.pad_final_batch)
+    steps = share_lib.steps(
+        sizes, index, batch_size, training=training, pad=options.pad_final_batch
+    )
     sampling, class_counts, shard_classes = _sampling(
         manifest, split, options.sampling, (pipelines, index), every_nth, steps * batch_size
     )
@@ -223,14 +218,14 @@ def make_plan(
         cache=cache,
         cache_bytes=cache_bytes,
         batch_size=batch_size,
-        replicas=replicas,
+        share=part if input_context is not None else None,
         seed=None if seed is None else int(seed),
         dtype=options.dtype,
         label_mode=options.label_mode,
         per_image=per_image,
-        random_crop=random_crop,
-        flip=per_image and training and augment.flip,
-        crop_fraction=crop_fraction if not training else 1.0,
+        random_crop=aim.random_crop,
+        flip=per_image and training and options.augment_spec.flip,
+        crop_fraction=aim.crop_fraction if not training else 1.0,
         window=_window(options.shuffle_buffer, batch_size, manifest, split, shape, per_image)
         if training
         else None,
@@ -245,31 +240,6 @@ def make_plan(
         class_counts=class_counts,
         shard_classes=shard_classes,
     )
-
-
-def _check_against(manifest: Manifest, split: str, options: LoadOptions, training: bool) -> None:
-    """What the options ask that this dataset, or this split, cannot give."""
-    if options.label_mode == "binary" and manifest.num_classes != 2:
-        raise ChuteError(
-            "`label_mode='binary'` needs exactly 2 classes. Received: "
-            f"{manifest.num_classes} classes in {manifest.location}"
-        )
-    if options.pad_final_batch and training:
-        raise ChuteError(
-            "`pad_final_batch` applies to evaluation (training=False) only; split "
-            f"{split!r} is read for training unless training=False"
-        )
-    if options.sampling is not None and not training:
-        raise ChuteError(
-            f"`sampling` chooses training draws; split {split!r} is read for evaluation "
-            f"unless training=True. Received: sampling={options.sampling!r}"
-        )
-    if options.sampling is not None and options.data_service is not None:
-        raise ChuteError(
-            "`sampling` draws from a stream per class, which the tf.data service cannot deal "
-            f"out by shard; pass one of them. Received: sampling={options.sampling!r}, "
-            f"data_service={options.data_service!r}"
-        )
 
 
 def _sampling(
@@ -294,34 +264,6 @@ def _sampling(
     return probabilities, counts, shard_classes
 
 
-def _pipeline(input_context: Any) -> tuple[int, int, int]:
-    """``(input pipelines, this one's index, replicas in sync)``."""
-    if input_context is None:
-        return 1, 0, 1
-    return (
-        input_context.num_input_pipelines,
-        input_context.input_pipeline_id,
-        input_context.num_replicas_in_sync,
-    )
-
-
-def _steps(sizes: list[int], examples: int, batch_size: int, training: bool, pad: bool) -> int:
-    """Batches in an epoch, the same for every input pipeline (see ``ReadPlan.steps``)."""
-    if training:  # every pipeline runs the smallest's steps: no host waits for another
-        return min(size // batch_size for size in sizes)
-    if pad:  # every pipeline runs the largest's, padding what it lacks
-        return max(-(-size // batch_size) for size in sizes)
-    return -(-examples // batch_size)
-
-
-def _crops(stored: ImageSpec, options: LoadOptions, random: bool) -> tuple:
-    """``(evaluation's centre-crop fraction, training's random-crop ranges or None)``."""
-    crop_fraction = options.crop_fraction
-    if crop_fraction is None:
-        crop_fraction = default_crop_fraction(stored)
-    return crop_fraction, (options.crop_scale, options.crop_ratio) if random else None
-
-
 def _share(manifest: Manifest, split: str, pipelines: int, index: int, data_service) -> tuple:
     """What input pipeline ``index`` of ``pipelines`` reads: ``(files, counts, the examples
     of every pipeline, every_nth)``: its own shards when there are enough, else every
@@ -330,7 +272,7 @@ def _share(manifest: Manifest, split: str, pipelines: int, index: int, data_serv
     if data_service:
         return files, counts, [manifest.num_examples(split) // pipelines] * pipelines, None
     sizes = pipeline_sizes(manifest, split, pipelines)
-    if pipelines > 1 and len(files) >= pipelines:
+    if share_lib.by_shard(len(files), pipelines):
         return files[index::pipelines], counts[index::pipelines], sizes, None
     return files, counts, sizes, (pipelines, index) if pipelines > 1 else None
 
@@ -360,20 +302,9 @@ def _namespace(
     """A disk cache's file name: the split, and a digest of the dataset's version (its
     source fingerprint and shards' sha256), of this input pipeline's part, and of
     what is cached (decoded pixels at ``shape``, or encoded records)."""
-    shards = [s["sha256"] for s in manifest.splits[split]["shards"]]
+    shards = [s.sha256 for s in manifest.split(split).shards]
     key = json.dumps([manifest.source.get("fingerprint"), shards, pipeline, cropped, shape])
     return f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-
-
-def default_crop_fraction(stored: ImageSpec) -> float:
-    """Evaluation's centre crop by default: the usual 0.875 for photos kept at their
-    aspect ratio (larger than they are read), the whole image for a fixed stored size.
-
-    Example:
-        >>> default_crop_fraction(ImageSpec(None, None, 3, "jpeg", shorter_side=256))
-        0.875
-    """
-    return 1.0 if stored.fixed_size else DEFAULT_CROP_FRACTION
 
 
 def pipeline_sizes(manifest: Manifest, split: str, pipelines: int) -> list[int]:
@@ -386,10 +317,7 @@ def pipeline_sizes(manifest: Manifest, split: str, pipelines: int) -> list[int]:
         >>> pipeline_sizes(manifest, "train", 2)  # doctest: +SKIP
         [13008, 13009]
     """
-    counts = manifest.shard_counts(split)
-    if pipelines > 1 and len(counts) >= pipelines:
-        return [sum(counts[i::pipelines]) for i in range(pipelines)]
-    return [len(range(i, sum(counts), pipelines)) for i in range(pipelines)]
+    return share_lib.shard_sizes(manifest.shard_counts(split), pipelines)
 
 
 def _cache_target(
@@ -411,7 +339,7 @@ def _cache_target(
         return storage.join(cache[5:], namespace), 0
     spec = manifest.image
     if encoded:  # images decoded anew each epoch (crops): the records are what is kept
-        size, what = sum(s["bytes"] for s in manifest.splits[split]["shards"]), "is"
+        size, what = sum(s.bytes for s in manifest.split(split).shards), "is"
     else:
         size = manifest.num_examples(split) * spec.height * spec.width * spec.channels
         what = "decodes to"
@@ -438,8 +366,8 @@ def _window(
     """Records per shuffle window: ``shuffle_buffer``, at most ``WINDOW_BYTES`` of what
     the window holds (encoded records with ``encoded``, else decoded pixels), whole batches."""
     if encoded:
-        shards = manifest.splits[split]["shards"]
-        per_record = sum(s["bytes"] for s in shards) / max(1, manifest.num_examples(split))
+        shards = manifest.split(split).shards
+        per_record = sum(s.bytes for s in shards) / max(1, manifest.num_examples(split))
     else:
         per_record = shape[0] * shape[1] * shape[2]
     window = min(shuffle_buffer, max(batch_size, int(WINDOW_BYTES // max(1, per_record))))

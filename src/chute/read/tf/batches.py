@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from chute.image import tf_ops
 from chute.lazy import tf
-from chute.read.augment import labelled
-from chute.read.plan import BLOCK, ReadPlan
+from chute.read.tf.finish import labelled
+from chute.read.tf.plan import BLOCK, ReadPlan
 
 
 def decoded(plan: ReadPlan, blocks, counters: dict, parallel: dict):

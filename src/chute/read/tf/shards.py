@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from chute.format import records
 from chute.lazy import tf
-from chute.read.plan import BLOCK, ReadPlan
+from chute.read.tf.plan import BLOCK, ReadPlan
 
 SIGNATURES = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8"}
 _GLOB = r"([*?\[\]\\])"  # characters tf.io.matching_files treats as a pattern

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 
 from chute.lazy import tf
-from chute.read import batches
-from chute.read.augment import finisher
-from chute.read.plan import BLOCK, ReadPlan
-from chute.read.shards import shard_blocks
+from chute.read.tf import batches
+from chute.read.tf.finish import finisher
+from chute.read.tf.plan import BLOCK, ReadPlan
+from chute.read.tf.shards import shard_blocks
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +26,13 @@ def build(plan: ReadPlan, *, counters: dict, augmentation=None, host=None):
     """The ``tf.data.Dataset`` of ``plan``.
 
     Args:
-        plan: what to read and how (see :class:`~chute.read.plan.ReadPlan`).
+        plan: what to read and how (see :class:`~chute.read.tf.plan.ReadPlan`).
         counters: with ``skip_corrupt``, int64 variables ``corrupt``, ``shards``
             (one per shard), ``started`` and ``decoded`` that count what is skipped.
         augmentation: Keras layers applied to training batches on the host
             (:class:`~chute.read.augment.DeviceAugmentation`), or None.
         host: OpenCV augmentation of training batches
-            (:class:`~chute.read.host_augment.HostAugmentation`), or None.
+            (:class:`~chute.read.tf.host_augment.HostAugmentation`), or None.
     """
     parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": plan.deterministic}
     per_core = dict(parallel, num_parallel_calls=plan.cores)
@@ -74,7 +74,7 @@ def build(plan: ReadPlan, *, counters: dict, augmentation=None, host=None):
     # The manifest knows the size, so Keras shows real step counts (unknown when skipping,
     # and through the tf.data service, whose workers deliver the epoch together).
     ds = ds.apply(_known_length(plan))
-    # Repeated here, or after the tf.data service (see chute.read.load).
+    # Repeated here, or after the tf.data service (see chute.read.tf.engine).
     ds = ds.repeat() if plan.repeat and not plan.data_service else ds
     # The next batches are ready while the accelerator works.
     return ds.prefetch(tf.data.AUTOTUNE).with_options(dataset_options())

@@ -31,6 +31,7 @@ import operator
 import os
 import threading
 from array import array
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, SupportsIndex
 
@@ -38,6 +39,7 @@ from chute.errors import ChuteError
 from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
 from chute.format import parse, records, storage
+from chute.format.splits import Shard
 
 log = logging.getLogger(__name__)
 _REMOTE_THREADS = 16  # record indexes on a bucket are read in parallel
@@ -86,8 +88,8 @@ class GrainSource:
     def __init__(self, manifest: manifest_lib.Manifest, split: str):
         manifest.check_split(split)
         self.location, self.split = manifest.location, split
-        shards = manifest.splits[split]["shards"]
-        self._paths = [storage.join(manifest.location, shard["file"]) for shard in shards]
+        shards = manifest.split(split).shards
+        self._paths = [storage.join(manifest.location, shard.name) for shard in shards]
         self._local = [storage.is_local(path) and hasattr(os, "pread") for path in self._paths]
         for path, local in zip(self._paths, self._local, strict=True):
             if local and not os.path.exists(storage.local_path(path)):  # before any read
@@ -213,13 +215,13 @@ def _missing(location: str, split: str, path: str) -> ChuteError:
     )
 
 
-def _indexes(location: str, shards: list[dict]) -> list[record_index.RecordIndex]:
+def _indexes(location: str, shards: Sequence[Shard]) -> list[record_index.RecordIndex]:
     """Each shard's record index, checked against the manifest (in parallel on a bucket)."""
-    unindexed = next((shard for shard in shards if not shard.get("index")), None)
+    unindexed = next((shard for shard in shards if shard.index is None), None)
     if unindexed is not None:  # one clear error, naming `chute index`, before any read
         record_index.load(location, unindexed)
     # An older chute's layout is read (record_index.load finds it there); said once.
-    if shards and record_index.in_old_layout(location, shards[0]["index"]["file"]):
+    if shards and record_index.in_old_layout(location, shards[0].index.file):
         log.warning(
             "%s: the record indexes are beside the shards, where shard globs (train-*) "
             "read them as TFRecords: `chute index %s` moves them into %s/",

@@ -14,7 +14,7 @@ would have read.
 
 A batch is one Grain element, made whole in Grain's worker processes
 (``workers``; threads with ``workers=0``): for each record a positioned read
-(:class:`~chute.read.grain_source.GrainSource`), in training a JPEG decoded at
+(:class:`~chute.read.grain.source.GrainSource`), in training a JPEG decoded at
 the smallest DCT scale that covers the crop and OpenCV's resize, in evaluation
 the tf.data engine's pixels (:mod:`chute.image.crop`). Heavy augmentations
 (rotation, MixUp, ...) run in the train step (``augment_on="device"``).
@@ -23,7 +23,7 @@ Evaluation reads every example once, in record order, each input pipeline a
 contiguous share, the last batch short or (``pad_final_batch``) padded with
 weight-0 examples and every pipeline given the largest share's batches.
 
-Worker processes (:mod:`chute.read.grain_workers`): Grain spawns them, and a spawned
+Worker processes (:mod:`chute.read.grain.workers`): Grain spawns them, and a spawned
 process first runs the main script again, all but what ``if __name__ ==
 "__main__":`` guards. So ``workers=None`` is one process per core where that is
 safe (a guarded script, ``chute train``, a notebook, ``python -c``) and threads
@@ -41,12 +41,13 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import functools
 import hashlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -54,9 +55,11 @@ import numpy as np
 from chute.errors import ChuteError
 from chute.image import crop
 from chute.machine import available_cores
-from chute.read import grain_workers
-from chute.read.grain_source import GrainSource
-from chute.read.plan import ReadPlan
+from chute.read import sampling as sampling_lib
+from chute.read.grain import workers as grain_workers
+from chute.read.grain.plan import GrainPlan
+from chute.read.grain.source import GrainSource
+from chute.read.stream import StreamPosition
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +81,6 @@ def _grain():
     return grain
 
 
-@dataclasses.dataclass(frozen=True)
-class Share:
-    """What one input pipeline reads: ``pipelines`` of them, this one ``index``."""
-
-    pipelines: int = 1
-    index: int = 0
-
-
 class Batches:
     """A pipeline's batches by number, each made whole here: ``chute.load``'s batch.
 
@@ -97,23 +92,15 @@ class Batches:
     """
 
     def __init__(
-        self,
-        source: GrainSource,
-        plan: ReadPlan,
-        *,
-        seed: int,
-        share: Share,
-        probabilities: np.ndarray | None,
-        steps: int,
-        flip: bool,
+        self, source: GrainSource, plan: GrainPlan, *, seed: int, probabilities: np.ndarray | None
     ):
-        self.source, self.plan, self.seed, self.share = source, plan, seed, share
-        self.probabilities, self.steps, self.flip = probabilities, steps, flip
-        self.per_epoch = steps * plan.batch_size
+        self.source, self.plan, self.seed, self.share = source, plan, seed, plan.share
+        self.probabilities, self.steps, self.flip = probabilities, plan.steps, plan.flip
+        self.per_epoch = plan.steps * plan.batch_size
         self.records = None
-        if not plan.training:
-            shares = np.array_split(np.arange(len(source)), share.pipelines)
-            self.records = shares[share.index]
+        if not plan.training:  # this pipeline's contiguous run of the split
+            start = sum(plan.sizes[: plan.share.index])
+            self.records = np.arange(start, start + plan.sizes[plan.share.index])
         self.finish = Finish(plan)
         self._drawn: tuple[int, np.ndarray] | None = None
 
@@ -182,7 +169,7 @@ class Batches:
                 window = crop.centre_window(height, width, size, fraction)
             image = crop.window_pixels(
                 values["image"], values["encoding"], shape, window, size,
-                plan.stored.interpolation, exact=rng is None,
+                plan.interpolation, exact=rng is None,
             )  # fmt: skip
         if rng is not None and self.flip and rng.random() < 0.5:
             image = image[:, ::-1]  # copied into the batch
@@ -193,7 +180,7 @@ class Finish:
     """A batch of ``(images, labels, weights)`` as ``chute.load`` yields it: labels in the
     label mode, images in the dtype, weights only with ``pad_final_batch``."""
 
-    def __init__(self, plan: ReadPlan):
+    def __init__(self, plan: GrainPlan):
         self.plan = plan
 
     def __call__(self, images: np.ndarray, labels: np.ndarray, weights: np.ndarray):
@@ -217,31 +204,11 @@ class Finish:
         return images, labels
 
 
-def steps_of(plan: ReadPlan, records: int, share: Share) -> int:
-    """Batches per epoch of each pipeline: training, full batches of an equal share;
-    evaluation, this pipeline's share (padded: the largest share's)."""
-    if plan.training:
-        return records // (plan.batch_size * share.pipelines)
-    shares = [len(part) for part in np.array_split(np.arange(records), share.pipelines)]
-    mine = max(shares) if plan.pad_final_batch else shares[share.index]
-    return -(-mine // plan.batch_size)
-
-
-def make_dataset(
-    plan: ReadPlan,
-    source: GrainSource,
-    share: Share,
-    *,
-    split: str,
-    manifest,
-    sampling,
-    workers: int | None,
-    flip: bool,
-):
+def make_dataset(plan: GrainPlan, source: GrainSource, manifest):
     """The Grain dataset of ``plan`` over ``source`` (see the module docstring): a
     ``grain.IterDataset`` whose every ``iter()`` is the next epoch (or the one
-    ``set_epoch`` names), and whose ``len()`` is the batches of an epoch."""
-    seed = plan.seed
+    stream :meth:`stream` starts), and whose ``len()`` is the batches of an epoch."""
+    seed, share, split = plan.seed, plan.share, plan.split
     if seed is None and plan.training and share.pipelines > 1:
         # Each pipeline takes its share of one global order: a seed drawn by each would
         # give each its own order, and shares that overlap.
@@ -258,19 +225,24 @@ def make_dataset(
         if plan.training:
             log.info("grain engine: no seed given; this dataset's seed is %d", seed)
     probabilities = None
-    if plan.training and sampling is not None:
-        probabilities = _record_probabilities(manifest, split, sampling, source)
-    steps = steps_of(plan, len(source), share)
-    batches = Batches(
-        source, plan, seed=seed, share=share, probabilities=probabilities, steps=steps, flip=flip
-    )
-    workers = grain_workers.default_workers() if workers is None else workers
+    if plan.sampling is not None:
+        classes = sampling_lib.class_probabilities(manifest, split, plan.sampling)
+        draws = plan.steps * plan.batch_size * share.pipelines  # the epoch's, all pipelines'
+        counts = manifest.split(split).class_counts
+        log.info(
+            "sampling=%r: %s",
+            plan.sampling,
+            sampling_lib.describe(manifest.class_names, classes, counts, draws),
+        )
+        probabilities = _record_probabilities(classes, source)
+    batches = Batches(source, plan, seed=seed, probabilities=probabilities)
+    workers = grain_workers.default_workers() if plan.workers is None else plan.workers
     log.info(
         "grain engine: input pipeline %d of %d, %s, %d batches of %d per epoch, %d worker(s)",
         share.index,
         share.pipelines,
         "a new global shuffle each epoch" if plan.training else "every example once, in order",
-        steps,
+        plan.steps,
         plan.batch_size,
         workers,
     )
@@ -280,21 +252,17 @@ def make_dataset(
 def shared_seed(manifest, split: str) -> int:
     """A seed every input pipeline derives alike from the split's shards (names, record
     counts, checksums), without talking to the others."""
-    shards = [
-        [shard.get("file"), shard.get("num_records"), shard.get("sha256")]
-        for shard in manifest.splits[split]["shards"]
-    ]
+    shards = [[shard.name, shard.records, shard.sha256] for shard in manifest.split(split).shards]
     digest = hashlib.sha256(json.dumps([split, shards]).encode()).digest()
     return int.from_bytes(digest[:4], "little")
 
 
-def _record_probabilities(manifest, split: str, sampling, source: GrainSource) -> np.ndarray:
-    """Each record's chance of a draw: its class's share, spread over the class's records
-    (the labels are read once from the records; no image is decoded)."""
-    from chute.read import sampling as sampling_lib
-
+def _record_probabilities(classes: Sequence[float], source: GrainSource) -> np.ndarray:
+    """Each record's chance of a draw: its class's probability ``classes[label]``, spread
+    over the class's records (the labels are read once from the records; no image is
+    decoded)."""
     labels = np.fromiter((source[i]["class"] for i in range(len(source))), np.int64, len(source))
-    classes = np.asarray(sampling_lib.class_probabilities(manifest, split, sampling), np.float64)
+    classes = np.asarray(classes, np.float64)
     counts = np.bincount(labels, minlength=len(classes))
     per_record = classes[labels] / np.maximum(counts[labels], 1)
     return per_record / per_record.sum()
@@ -306,28 +274,37 @@ def _dataset_class():
 
     class ChuteGrainDataset(grain.IterDataset):
         """Batches of a split read through Grain: each ``iter()`` an epoch (the next
-        one, or the one :meth:`set_epoch` names, from the batch it names); ``len()``
+        one; a :meth:`stream` always the same, from the position it names); ``len()``
         its batches. Its iterators have Grain's ``get_state()``/``set_state()``."""
 
         def __init__(self, batches: Batches, workers: int):
             super().__init__([])
             self.batches, self.plan, self.workers = batches, batches.plan, workers
-            self.epoch, self.start = 0, 0
+            self.epoch = 0  # the epoch the next iter() reads: a plain loop reads one each
+            self.start: StreamPosition | None = None  # a stream's (see stream())
 
         def __len__(self) -> int:
             return self.batches.steps
 
-        def set_epoch(self, epoch: int, start: int = 0) -> None:
-            """The next ``iter()`` reads epoch ``epoch`` (0-based) from its batch ``start``."""
-            self.epoch, self.start = int(epoch), int(start)
+        def stream(self, position: StreamPosition) -> ChuteGrainDataset:
+            """The training batches from ``position`` on (with ``repeat``, from epoch to
+            epoch; else to that epoch's end), each ``iter()`` from there: Keras iterates
+            a dataset a few times before it trains (to learn its shapes), so a resumed
+            run's input must not move on when iterated. Evaluation ignores it."""
+            streamed = copy.copy(self)  # the same batches, source and LoadInfo
+            streamed.start = position
+            return streamed
 
         def __iter__(self):
             batches, steps = grain.MapDataset.source(self.batches), self.batches.steps
             if self.plan.training:
-                first = self.epoch * steps + self.start
-                last = None if self.plan.repeat else (self.epoch + 1) * steps
+                start = self.start or StreamPosition(self.epoch)
+                # every batch is a pure function of its number: the stream is a slice
+                first = start.epoch * steps + start.batch
+                last = None if self.plan.repeat else (start.epoch + 1) * steps
                 batches = batches.slice(slice(first, last))
-                self.epoch, self.start = self.epoch + 1, 0
+                if self.start is None:
+                    self.epoch += 1
             elif self.plan.repeat:
                 batches = batches.repeat()
             threads = 0 if self.workers else min(4, available_cores())

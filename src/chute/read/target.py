@@ -1,0 +1,97 @@
+"""What both engines make of ``LoadOptions`` against the manifest before their own plans:
+training or evaluation, the shape images are yielded at, the crops, and what this dataset
+cannot give (refused before any work). Pure: nothing is read but the manifest.
+
+Example:
+    >>> default_crop_fraction(ImageSpec(None, None, 3, "jpeg", shorter_side=256))
+    0.875
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from chute.errors import ChuteError
+from chute.format.manifest import Manifest
+from chute.format.spec import ImageSpec
+from chute.read.options import LoadOptions
+
+DEFAULT_CROP_FRACTION = 0.875  # evaluation: centre crop of 224 from 256, the usual
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a split is read as, whichever the engine.
+
+    Attributes:
+        training: shuffled, augmented, full batches (else evaluation: every example once).
+        shape: ``(height, width, channels)`` of the images yielded.
+        crop_fraction: evaluation's centre crop (1.0 in training).
+        random_crop: ``(scale, ratio)`` ranges of training's random-resized crop, or None.
+    """
+
+    training: bool
+    shape: tuple[int, int, int]
+    crop_fraction: float
+    random_crop: tuple[tuple[float, float], tuple[float, float]] | None
+
+
+def target(manifest: Manifest, split: str, options: LoadOptions) -> Target:
+    """The :class:`Target` of reading ``split`` with ``options``, or a ChuteError naming
+    what the options ask that this dataset or split cannot give."""
+    manifest.check_split(split)
+    training = (split == "train") if options.training is None else options.training
+    _check_against(manifest, split, options, training)
+    stored = manifest.image
+    size = options.image_size or stored.size
+    if size is None:
+        raise ChuteError(
+            f"{manifest.location} stores images at their own sizes; pass image_size=(H, W). "
+            "Received: image_size=None"
+        )
+    crop_fraction = options.crop_fraction
+    if crop_fraction is None:
+        crop_fraction = default_crop_fraction(stored)
+    random = training and options.augment_spec.crop
+    return Target(
+        training=training,
+        shape=(*size, stored.channels),
+        crop_fraction=crop_fraction,
+        random_crop=(options.crop_scale, options.crop_ratio) if random else None,
+    )
+
+
+def _check_against(manifest: Manifest, split: str, options: LoadOptions, training: bool) -> None:
+    """What the options ask that this dataset, or this split, cannot give."""
+    if options.label_mode == "binary" and manifest.num_classes != 2:
+        raise ChuteError(
+            "`label_mode='binary'` needs exactly 2 classes. Received: "
+            f"{manifest.num_classes} classes in {manifest.location}"
+        )
+    if options.pad_final_batch and training:
+        raise ChuteError(
+            "`pad_final_batch` applies to evaluation (training=False) only; split "
+            f"{split!r} is read for training unless training=False"
+        )
+    if options.sampling is not None and not training:
+        raise ChuteError(
+            f"`sampling` chooses training draws; split {split!r} is read for evaluation "
+            f"unless training=True. Received: sampling={options.sampling!r}"
+        )
+    if options.sampling is not None and options.data_service is not None:
+        raise ChuteError(
+            "`sampling` draws from a stream per class, which the tf.data service cannot deal "
+            f"out by shard; pass one of them. Received: sampling={options.sampling!r}, "
+            f"data_service={options.data_service!r}"
+        )
+
+
+def default_crop_fraction(stored: ImageSpec) -> float:
+    """Evaluation's centre crop by default: the usual 0.875 for photos kept at their
+    aspect ratio (larger than they are read), the whole image for a fixed stored size.
+
+    Example:
+        >>> default_crop_fraction(ImageSpec(8, 8, 3))
+        1.0
+    """
+    return 1.0 if stored.fixed_size else DEFAULT_CROP_FRACTION
