@@ -231,9 +231,9 @@ class Killed(BaseException):
 
 
 def dying_epoch_timer(training, die):
-    """A stand-in for ``chute.fit.train._EpochTimer`` whose epoch end raises :class:`Killed`
+    """A stand-in for ``chute.fit.train._epoch_timer`` whose epoch end raises :class:`Killed`
     when ``die(epoch)`` is true (after the backup of that epoch: it runs last)."""
-    real_timer = training._EpochTimer
+    real_timer = training._epoch_timer
 
     def make():
         timer = real_timer()

@@ -39,7 +39,7 @@ OPTIONS = dict(
     image_size=16, augment="crop,flip", schedule="cosine", backup_every=3,
 )  # fmt: skip
 REAL_TIMER, REAL_SAVE_WEIGHTS, REAL_WRITE = (
-    training._EpochTimer,
+    training._epoch_timer,
     keras.Model.save_weights,
     storage.write_atomic,
 )
@@ -100,7 +100,7 @@ def attempt(run: Path, engine: str, how: dict) -> bool:
         newest = run / "backup" / state["current"]["weights"]
         newest.write_bytes(b"\0" * 64 + newest.read_bytes()[64:])
         return False
-    training._EpochTimer = lambda: timer(how.get("batches"))
+    training._epoch_timer = lambda: timer(how.get("batches"))
     if "in_weights" in how:
         keras.Model.save_weights = dying_weights(how["in_weights"])
     if "in_state" in how:
@@ -112,7 +112,7 @@ def attempt(run: Path, engine: str, how: dict) -> bool:
     except Killed:
         return True
     finally:
-        training._EpochTimer, keras.Model.save_weights = REAL_TIMER, REAL_SAVE_WEIGHTS
+        training._epoch_timer, keras.Model.save_weights = REAL_TIMER, REAL_SAVE_WEIGHTS
         storage.write_atomic = REAL_WRITE
 
 

@@ -125,6 +125,22 @@ def test_a_backup_of_kerass_backup_and_restore_still_resumes(tmp_path):
     assert _same(model, fresh)
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_legacy_backup_without_its_step_has_it_in_its_weights_file(tmp_path, scaled):
+    """Keras's files alone (no seeds.json): the record has no step, the optimizer's (a
+    loss-scale optimizer's inner one's) is read from the file, where the phase resumes."""
+    model = _model(1)
+    if scaled:
+        model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()), "mse")
+    _train_steps(model, 3)
+    model.save_weights(str(tmp_path / "latest.weights.h5"))
+    store = backup_lib.Backup(str(tmp_path))
+    record = store.latest()
+    assert record.step == -1 and store.stored_step(record) == backup_lib.step_of(model) == 3
+    (tmp_path / "latest.weights.h5").write_bytes(b"not hdf5")
+    assert store.stored_step(record) is None
+
+
 def test_nothing_to_restore_in_a_new_phase(tmp_path):
     assert backup_lib.Backup(str(tmp_path / "none")).restore(_model(1)) is None
 

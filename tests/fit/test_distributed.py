@@ -111,8 +111,8 @@ def _free_ports(count: int) -> list[int]:
 
 # --- MirroredStrategy over 2 logical CPU devices --------------------------------------------
 
-# chute.train asks chute.fit.strategy.auto_strategy for its strategy; the script points that at a
-# MirroredStrategy over the 2 logical CPUs, with the kind chute gives MirroredStrategy
+# chute.train asks chute.fit.strategy.tensorflow_devices for its devices; the script points that
+# at a MirroredStrategy over the 2 logical CPUs, with the kind chute gives MirroredStrategy
 # ("multi-gpu"), and keeps the real function for strategy="cpu" (OneDeviceStrategy).
 #
 # The comparison with one device uses the same seed, the same images and the same global batch
@@ -167,18 +167,17 @@ from chute.fit import strategy as strategy_lib
 data, out, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 per_replica, one_step = int(sys.argv[4]), int(sys.argv[5])  # `defaults` run, compared runs
 mode = sys.argv[6]  # "mirrored", or "others" (one MirroredStrategy run per process)
-real_auto, real_build = strategy_lib.auto_strategy, models.build_model
+real_devices, real_build = strategy_lib.tensorflow_devices, models.build_model
 
 
-def auto_strategy(kind="auto", *, tpu=None):
+def tensorflow_devices(kind="auto", *, tpu=None):
     if kind != "auto":
-        return real_auto(kind, tpu=tpu)
+        return real_devices(kind, tpu=tpu)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    strategy.chute_kind = "multi-gpu"
-    return strategy
+    return strategy_lib.devices_of(strategy, strategy_lib.Plan("multi-gpu"))
 
 
-strategy_lib.auto_strategy = auto_strategy
+strategy_lib.tensorflow_devices = tensorflow_devices
 initial = {}
 
 

@@ -6,6 +6,7 @@ Several worker processes reading their shares are in test_distributed.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -17,6 +18,7 @@ from helpers import write_image
 import chute
 from chute.fit import strategy as strategy_lib
 from chute.fit import train as train_module
+from chute.fit.devices import Devices
 from chute.lazy import keras, tf
 
 
@@ -28,12 +30,6 @@ class _Resolver:
         return tf.train.ClusterSpec(self.cluster)
 
 
-class _Strategy:
-    def __init__(self, kind: str, resolver=None):
-        self.chute_kind = kind
-        self.cluster_resolver = resolver
-
-
 @pytest.mark.parametrize(
     ("cluster", "hosts"),
     [
@@ -43,19 +39,19 @@ class _Strategy:
     ],
 )
 def test_a_tpu_slice_has_as_many_hosts_as_its_resolver_names_workers(cluster, hosts):
-    assert strategy_lib.count_hosts(_Strategy("tpu", _Resolver(cluster))) == hosts
+    assert strategy_lib.count_hosts("tpu", _Resolver(cluster)) == hosts
 
 
 def test_several_workers_are_hosts_and_one_machine_is_one(monkeypatch):
     cluster = {"cluster": {"worker": ["a:1", "b:2", "c:3"]}, "task": {"type": "worker"}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
-    assert strategy_lib.count_hosts(_Strategy("multiworker")) == 3
+    assert strategy_lib.count_hosts("multiworker") == 3
     for kind in ("cpu", "gpu", "multi-gpu"):
-        assert strategy_lib.count_hosts(_Strategy(kind)) == 1
-    assert train_module._per_host(_Strategy("multiworker"))
-    assert not train_module._per_host(_Strategy("multi-gpu"))
-    two = _Strategy("tpu", _Resolver({"worker": ["t0:8470", "t1:8470"]}))
-    assert train_module._per_host(two)
+        assert strategy_lib.count_hosts(kind) == 1
+    assert Devices("multiworker", hosts=3).per_host
+    assert not Devices("multi-gpu", replicas=2).per_host
+    two = strategy_lib.count_hosts("tpu", _Resolver({"worker": ["t0:8470", "t1:8470"]}))
+    assert Devices("tpu", hosts=two).per_host
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +72,22 @@ def test_keras_fit_on_per_host_datasets_validates_every_example_once(
 ):
     # What a TPU pod slice runs: train and val as distributed datasets (one pipeline per
     # host, repeated), fit told its steps, val padded to full batches with weight 0.
-    monkeypatch.setattr(train_module, "_per_host", lambda strategy: True)
+    real_devices = strategy_lib.tensorflow_devices
+
+    def on_two_hosts(kind, *, tpu=None):  # this host, as one of a slice's two
+        return dataclasses.replace(real_devices(kind, tpu=tpu), hosts=2)
+
+    monkeypatch.setattr(strategy_lib, "tensorflow_devices", on_two_hosts)
     loaded = []
     real_load = train_module.load
 
     def spy(*args, **kwargs):
-        loaded.append((args[1], kwargs.get("strategy") is not None, kwargs.get("repeat")))
+        options = args[2]  # chute.fit.reading's LoadOptions for the split
+        loaded.append((args[1], kwargs.get("strategy") is not None, options.repeat))
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "load", spy)
-    with caplog.at_level("INFO", logger="chute.read.load"):
+    with caplog.at_level("INFO", logger="chute.read.tf.engine"):
         result = chute.train(
             levels, tmp_path / "run", model="kannada-cnn", epochs=2, batch_size=8, verbose=0
         )

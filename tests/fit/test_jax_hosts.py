@@ -66,7 +66,7 @@ def stall(epoch):
     return False
 
 
-training._EpochTimer = dying_epoch_timer(training, stall)
+training._epoch_timer = dying_epoch_timer(training, stall)
 """
 
 
@@ -347,7 +347,7 @@ import json
 import os
 from pathlib import Path
 
-import chute.read.grain_engine as engine
+import chute.read.grain.dataset as engine
 
 marks, made = Path(os.environ["CHUTE_TEST_MARKS"]), engine.Batches.__getitem__
 

@@ -209,10 +209,7 @@ def test_precision_policy():
         strategy.precision_policy("cpu", "fp8")
 
 
-def test_cpu_strategy_and_batch_arithmetic():
-    built = strategy.auto_strategy("cpu")
-    assert built.num_replicas_in_sync == 1 and built.chute_kind == "cpu"
-    assert strategy.describe(built)["replicas"] == 1
-    assert strategy.global_batch_size(128, built) == 128
-    with pytest.raises(ChuteError, match="`batch_size` must be a positive integer"):
-        strategy.global_batch_size(0, built)
+def test_cpu_strategy_and_its_devices():
+    devices = strategy.tensorflow_devices("cpu")
+    built = devices.strategy
+    assert built.num_replicas_in_sync == devices.replicas == 1 and devices.kind == "cpu"

@@ -91,7 +91,7 @@ def test_an_interrupted_run_resumes_only_with_the_options_it_started_with(data, 
     differs and the ways out, the backup kept; with ``overwrite`` it starts afresh."""
     run = tmp_path / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(training, "_EpochTimer", dying_epoch_timer(training, lambda e: e == 0))
+        patch.setattr(training, "_epoch_timer", dying_epoch_timer(training, lambda e: e == 0))
         with pytest.raises(Killed):
             chute.train(data, run, **{**FAST, "epochs": 2})
     assert (run / "backup").is_dir()
@@ -162,7 +162,7 @@ def resumed(data, tmp_path_factory) -> dict:
         run = root / "run"
         options = {**FAST, "epochs": 2}
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(training, "_EpochTimer", dying_epoch_timer(training, lambda e: e == 0))
+            patch.setattr(training, "_epoch_timer", dying_epoch_timer(training, lambda e: e == 0))
             with pytest.raises(Killed):
                 chute.train(data, run, **options)
         left = {
@@ -238,9 +238,9 @@ def test_training_reads_with_the_load_options(data, tmp_path, monkeypatch):
     monkeypatch.setattr(training, "load", spy)
     with pytest.raises(_Stop):
         chute.train(data, tmp_path / "run", **FAST, load={"cache": None, "shuffle_buffer": 16})
-    ((split, options, overrides),) = seen
+    ((split, options, _),) = seen
     assert split == "train" and (options.cache, options.shuffle_buffer) == (None, 16)
-    assert overrides["batch_size"] == 8 and overrides["seed"] == 1337
+    assert options.batch_size == 8 and options.seed == 1337  # chosen by chute.fit.reading
 
 
 def test_cli_reading_flags_fill_the_load_options(data, tmp_path, monkeypatch, capsys):
@@ -455,5 +455,6 @@ def test_auto_precision_follows_this_workers_gpus(monkeypatch, kind, gpus, capab
 
     monkeypatch.setattr(strategy_lib, "count_gpus", lambda: gpus)
     monkeypatch.setattr(strategy_lib, "gpu_supports_mixed_float16", lambda: capable)
-    built = SimpleNamespace(chute_kind=kind)
-    assert training._precision(TrainConfig(), built) == expected
+    built = SimpleNamespace(num_replicas_in_sync=1, extended=SimpleNamespace(worker_devices=[]))
+    devices = strategy_lib.devices_of(built, strategy_lib.Plan(kind))
+    assert training._precision(TrainConfig(), devices) == expected

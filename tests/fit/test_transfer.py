@@ -160,7 +160,7 @@ def test_fine_tune_trains_the_head_then_the_backbone_and_resumes(
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
         patch.setattr(trainable, "freeze", spy)
-        patch.setattr(training, "_EpochTimer", dying_timer)
+        patch.setattr(training, "_epoch_timer", dying_timer)
         with pytest.raises(Killed):
             chute.train(photos, run, **options)
     head, fine = seen

@@ -7,9 +7,8 @@ change in that process. :func:`resolve` returns the backend of a run, sets
 --backend`` relies on), and refuses a backend other than the one running.
 
 On TensorFlow, a run trains under a ``tf.distribute`` strategy
-(:mod:`chute.fit.strategy`). On JAX and torch, :func:`devices` returns a
-:class:`KerasDevices` instead: the few things ``chute train`` uses of a strategy
-(``scope()``, ``num_replicas_in_sync``, ``chute_kind``), backed by
+(:mod:`chute.fit.strategy`). On JAX and torch, :func:`devices` returns the same
+:class:`~chute.fit.devices.Devices` value, backed by
 ``keras.distribution.DataParallel`` over every device on JAX (this host's, or
 every host's when JAX runs one process per host, see :mod:`chute.fit.processes`),
 or one device on torch. Either way the input is chute's tf.data pipeline, so
@@ -25,18 +24,16 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import importlib.util
 import json
 import logging
 import os
 import sys
-from typing import Any
 
 from chute import checks
 from chute.errors import ChuteError
 from chute.fit import strategy as strategy_lib
+from chute.fit.devices import Devices
 from chute.lazy import TENSORFLOW_BUILDS, keras, tf
 
 log = logging.getLogger(__name__)
@@ -48,9 +45,6 @@ INSTALL = {
     "jax": "pip install 'chute[jax]' (or jax[cpu], jax[cuda12], jax[tpu])",
     "torch": "pip install torch",
 }
-# Steps per compiled call, by device kind: as under tf.distribute (see
-# strategy.STEPS_PER_EXECUTION), and 1 on torch, which Keras allows no other.
-_STEPS_PER_EXECUTION = {"tpu": 64, "gpu": 8, "cpu": 1}
 
 
 def configured() -> str:
@@ -135,72 +129,7 @@ def keep_tensorflow_off_accelerators() -> None:
     log.info("input pipeline: TensorFlow on the CPU only (GPUs and TPUs hidden from it)")
 
 
-@dataclasses.dataclass(frozen=True)
-class KerasDevices:
-    """The devices of a JAX or torch run, with what ``chute train`` uses of a
-    ``tf.distribute`` strategy.
-
-    Attributes:
-        backend: ``"jax"`` or ``"torch"``.
-        chute_kind: the devices' kind: ``"tpu"``, ``"gpu"`` or ``"cpu"``.
-        devices: the devices, as Keras names them (``"cpu:0"``, ...).
-        distribution: the ``keras.distribution.DataParallel`` over them (JAX), or
-            None (one device).
-        gpu_mixed_float16: every GPU computes float16 fast (compute capability 7.0+).
-        processes: JAX processes (one per host) whose devices these are, all of them
-            (see :mod:`chute.fit.processes`).
-        process_index: this process's index among them (0: the chief).
-        local_count: the devices of this process (0: all of them).
-    """
-
-    backend: str
-    chute_kind: str
-    devices: tuple[str, ...]
-    distribution: Any = None
-    gpu_mixed_float16: bool = False
-    processes: int = 1
-    process_index: int = 0
-    local_count: int = 0
-
-    @property
-    def devices_here(self) -> int:
-        """The devices of this process, which its input pipeline feeds."""
-        return self.local_count or len(self.devices)
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        """Devices one training step runs on (each takes its share of the global batch)."""
-        return len(self.devices)
-
-    @property
-    def gpus(self) -> int:
-        """GPUs among the devices."""
-        return len(self.devices) if self.chute_kind == "gpu" else 0
-
-    @property
-    def steps_per_execution(self) -> int:
-        """Steps per compiled call unless asked: many on a TPU, 1 on torch."""
-        return 1 if self.backend == "torch" else _STEPS_PER_EXECUTION[self.chute_kind]
-
-    def scope(self) -> Any:
-        """The distribution made current (variables made in it are replicated on every
-        device, and Keras splits each batch over them); on torch, its device."""
-        if self.distribution is not None:
-            return self.distribution.scope()
-        if self.backend == "torch":  # Keras on torch places tensors on the device in scope
-            return keras.device(self.devices[0])
-        return contextlib.nullcontext()
-
-    def describe(self) -> str:
-        """For logs and the CLI: ``"jax cpu: 4 device(s)"``, and on several hosts
-        ``"jax tpu: 32 device(s) over 4 processes, 8 here"``."""
-        described = f"{self.backend} {self.chute_kind}: {len(self.devices)} device(s)"
-        if self.processes > 1:
-            described += f" over {self.processes} processes, {self.devices_here} here"
-        return described
-
-
-def devices(backend: str, kind: str = "auto", *, tpu: str | None = None) -> KerasDevices:
+def devices(backend: str, kind: str = "auto", *, tpu: str | None = None) -> Devices:
     """The devices a JAX or torch run trains on (``kind`` as the ``strategy`` option).
 
     JAX: every device of the kind (``auto``: TPU chips, else GPUs, else the CPU
@@ -225,11 +154,11 @@ def devices(backend: str, kind: str = "auto", *, tpu: str | None = None) -> Kera
             "--backend tensorflow"
         )
     found = _jax_devices(kind) if backend == "jax" else _torch_device(kind)
-    log.info("devices: %s (%s)", found.describe(), ", ".join(found.devices))
+    log.info("devices: %s (%s)", found.describe(), ", ".join(found.names))
     return found
 
 
-def _jax_devices(kind: str) -> KerasDevices:
+def _jax_devices(kind: str) -> Devices:
     import jax
 
     wanted = None if kind == "auto" else kind
@@ -249,19 +178,21 @@ def _jax_devices(kind: str) -> KerasDevices:
     # Every device of every process; on several, each process feeds its own part of the
     # global batch (chute.load's per-process input), which Keras must not shard again.
     distribution = keras.distribution.DataParallel(devices=names, auto_shard_dataset=processes == 1)
-    return KerasDevices(
-        "jax",
+    return Devices(
         platform,
-        tuple(names),
-        distribution,
-        fast_fp16,
+        backend="jax",
+        replicas=len(names),
+        names=tuple(names),
         processes=processes,
         process_index=jax.process_index(),
-        local_count=len(local),
+        devices_here=len(local),
+        gpus=len(names) if platform == "gpu" else 0,
+        gpu_mixed_float16=fast_fp16,
+        distribution=distribution,
     )
 
 
-def _torch_device(kind: str) -> KerasDevices:
+def _torch_device(kind: str) -> Devices:
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -280,12 +211,7 @@ def _torch_device(kind: str) -> KerasDevices:
         )
     if kind != "cpu" and gpus == 1:
         fast_fp16 = torch.cuda.get_device_capability(0) >= (7, 0)
-        return KerasDevices("torch", "gpu", ("cuda:0",), None, fast_fp16)
-    return KerasDevices("torch", "cpu", ("cpu",))
-
-
-def steps_per_execution(strategy: Any) -> int:
-    """Steps per compiled call for a strategy or :class:`KerasDevices`, unless asked."""
-    if isinstance(strategy, KerasDevices):
-        return strategy.steps_per_execution
-    return strategy_lib.STEPS_PER_EXECUTION.get(strategy.chute_kind, 1)
+        return Devices(
+            "gpu", backend="torch", names=("cuda:0",), gpus=1, gpu_mixed_float16=fast_fp16
+        )
+    return Devices("cpu", backend="torch", names=("cpu",))

@@ -13,8 +13,8 @@ any instant ``state.json`` names whole files, and a file that cannot be read
 
 Example:
     >>> backup = Backup("runs/kn/backup")  # doctest: +SKIP
-    >>> point = backup.restore(model)  # before fit: None when there is nothing to resume
-    >>> model.fit(data, initial_epoch=point.epoch if point else 0)  # doctest: +SKIP
+    >>> record = backup.restore(model)  # before fit: None when there is nothing to resume
+    >>> model.fit(data, initial_epoch=record.epoch if record else 0)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ _KERAS_WEIGHTS, _KERAS_METADATA, _SEEDS = (
 
 
 @dataclasses.dataclass(frozen=True)
-class ResumePoint:
-    """Where a restored backup stands.
+class Record:
+    """What ``state.json`` records of one backup (:mod:`chute.fit.position` turns it
+    into the point a phase resumes from).
 
     Attributes:
         epoch: the phase's epoch in progress (the next one when backed up at an epoch's
@@ -62,7 +63,7 @@ class ResumePoint:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> ResumePoint:
+    def from_dict(cls, value: dict[str, Any]) -> Record:
         return cls(int(value["epoch"]), int(value["step"]), str(value["weights"]), value["seeds"])
 
 
@@ -75,7 +76,7 @@ class Backup:
     def _path(self, name: str) -> str:
         return storage.join(self.folder, name)
 
-    def save(self, model: Any, epoch: int) -> ResumePoint:
+    def save(self, model: Any, epoch: int) -> Record:
         """Backs ``model`` up (weights, optimizer, seed states) as being in ``epoch``.
 
         The weights go to a new file, renamed into place once whole; then
@@ -88,41 +89,41 @@ class Backup:
         partial = self._path(f"partial-{step:010d}.weights.h5")  # Keras wants .weights.h5
         model.save_weights(partial, overwrite=True)
         storage.rename(partial, self._path(name))
-        point = ResumePoint(epoch, step, name, _seed_states(model))
+        record = Record(epoch, step, name, _seed_states(model))
         current = self._state().get("current")
         previous = current if current and current["weights"] != name else None
-        state = {"current": point.to_dict(), "previous": previous}
+        state = {"current": record.to_dict(), "previous": previous}
         storage.write_atomic(self._path(STATE), json.dumps(state).encode())
         keep = {name, *([previous["weights"]] if previous else []), STATE}
         for other in storage.listdir(self.folder):
             if other.endswith(".weights.h5") and other not in keep:
                 storage.remove_if_exists(self._path(other))
-        return point
+        return record
 
-    def restore(self, model: Any) -> ResumePoint | None:
+    def restore(self, model: Any) -> Record | None:
         """:meth:`latest`, loaded into ``model`` (:meth:`load`); None when there is none."""
-        point = self.latest()
-        if point is not None:
-            self.load(model, point)
-        return point
+        record = self.latest()
+        if record is not None:
+            self.load(model, record)
+        return record
 
-    def latest(self) -> ResumePoint | None:
+    def latest(self) -> Record | None:
         """The newest readable backup; None when there is none (a new phase). Each
         unreadable one is renamed ``*.unreadable`` with a warning naming it, and the one
         before it is used. (Checked before ``fit``, which starts from its epoch.)"""
         candidates = self._candidates()
-        for point in candidates:
-            path = self._path(point.weights)
+        for record in candidates:
+            path = self._path(record.weights)
             problem = _unreadable(path)
             if problem is None:
-                if point != candidates[0]:  # the next backup's fallback is this one
-                    state = {"current": point.to_dict(), "previous": None}
+                if record != candidates[0]:  # the next backup's fallback is this one
+                    state = {"current": record.to_dict(), "previous": None}
                     storage.write_atomic(self._path(STATE), json.dumps(state).encode())
-                return point
+                return record
             aside = problem != "missing"
             log.warning(
                 "the backup %s cannot be read (%s)%s; resuming from the backup before it",
-                path, problem, f": set aside as {point.weights}{SET_ASIDE}" * aside,
+                path, problem, f": set aside as {record.weights}{SET_ASIDE}" * aside,
             )  # fmt: skip
             if aside:
                 storage.rename(path, path + SET_ASIDE)
@@ -133,31 +134,51 @@ class Backup:
             )
         return None
 
-    def load(self, model: Any, point: ResumePoint) -> None:
-        """Loads backup ``point`` into ``model`` (built: in ``fit``, from its callbacks'
+    def load(self, model: Any, record: Record) -> None:
+        """Loads backup ``record`` into ``model`` (built: in ``fit``, from its callbacks'
         ``on_train_begin``, as Keras's ``BackupAndRestore`` does), its optimizer built
         first, and the random layers' seed states."""
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        model.load_weights(self._path(point.weights))
-        _restore_seeds(model, point)
+        model.load_weights(self._path(record.weights))
+        _restore_seeds(model, record)
+
+    def stored_step(self, record: Record) -> int | None:
+        """The optimizer steps held by backup ``record``'s weights file, read without a
+        model (None: not found): a legacy record has none, and where its phase resumes
+        is needed before ``fit`` builds the model to restore it into."""
+        import h5py  # Keras's own weights format
+
+        # Keras stores an optimizer's variables in order, its step count first; a
+        # loss-scale optimizer's own comes before its inner one's, which is the model's
+        names = ("optimizer/inner_optimizer/vars/0", "optimizer/vars/0")
+        try:
+            with (
+                storage.open_file(self._path(record.weights)) as handle,
+                h5py.File(handle, "r") as weights,
+            ):
+                found = [weights[name][()] for name in names if name in weights]
+        except (OSError, ValueError) as error:  # what h5py raises for damage
+            log.warning("the optimizer step of %s cannot be read: %s", record.weights, error)
+            return None
+        return int(found[0]) if found else None
 
     def _state(self) -> dict[str, Any]:
         path = self._path(STATE)
         return json.loads(storage.read_bytes(path)) if storage.exists(path) else {}
 
-    def _candidates(self) -> list[ResumePoint]:
+    def _candidates(self) -> list[Record]:
         """The backups to try, newest first."""
         if not storage.isdir(self.folder):
             return []
         state = self._state()
         if state:
             found = [state.get("current"), state.get("previous")]
-            return [ResumePoint.from_dict(entry) for entry in found if entry]
+            return [Record.from_dict(entry) for entry in found if entry]
         legacy = self._legacy()
         return [legacy] if legacy else []
 
-    def _legacy(self) -> ResumePoint | None:
+    def _legacy(self) -> Record | None:
         """The backup of a run from before ``state.json`` (Keras's files, chute's seeds)."""
         if not storage.exists(self._path(_KERAS_WEIGHTS)):
             return None
@@ -167,7 +188,7 @@ class Backup:
         if storage.exists(self._path(_SEEDS)):
             saved = json.loads(storage.read_bytes(self._path(_SEEDS)))
             seeds = {"step": saved["step"], **saved["states"]}
-        return ResumePoint(epoch, int(seeds.pop("step", -1)), _KERAS_WEIGHTS, seeds)
+        return Record(epoch, int(seeds.pop("step", -1)), _KERAS_WEIGHTS, seeds)
 
 
 def step_of(model: Any) -> int:
@@ -187,11 +208,11 @@ def _seed_states(model: Any) -> dict[str, Any]:
     return {v.path: _numpy(v).tolist() for v in _seed_variables(model)}
 
 
-def _restore_seeds(model: Any, point: ResumePoint) -> None:
-    """The seed states saved with ``point``; a legacy backup's only if they are of its
+def _restore_seeds(model: Any, record: Record) -> None:
+    """The seed states saved with ``record``; a legacy backup's only if they are of its
     step (the seeds file was written beside the weights, not with them)."""
-    if point.step == -1 or (point.step != step_of(model) and point.weights == _KERAS_WEIGHTS):
-        if point.seeds:
+    if record.step == -1 or (record.step != step_of(model) and record.weights == _KERAS_WEIGHTS):
+        if record.seeds:
             log.warning(
                 "the random layers' states of this backup were not saved with it: dropout "
                 "and augmentation draw anew from here"
@@ -199,14 +220,14 @@ def _restore_seeds(model: Any, point: ResumePoint) -> None:
         return
     # in order, not by path: Keras numbers the layers' names per process (dropout_1 ...)
     variables = _seed_variables(model)
-    if len(variables) != len(point.seeds):
+    if len(variables) != len(record.seeds):
         log.warning(
             "the backup holds %d random layers' states, the model has %d: dropout and "
             "augmentation draw anew from here",
-            len(point.seeds), len(variables),
+            len(record.seeds), len(variables),
         )  # fmt: skip
         return
-    for variable, values in zip(variables, point.seeds.values(), strict=True):
+    for variable, values in zip(variables, record.seeds.values(), strict=True):
         variable.assign(np.asarray(values, variable.dtype))
 
 

@@ -19,6 +19,7 @@ from chute import checks
 from chute.errors import ChuteError
 from chute.fit.backend import BACKENDS
 from chute.fit.processes import check_coordinator
+from chute.fit.reading import CHOSEN_BY_TRAIN
 from chute.fit.rendezvous import PROCESS_TIMEOUT
 from chute.fit.strategy import KINDS, PRECISIONS
 from chute.image.size import parse_image_size
@@ -29,24 +30,8 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 AUGMENT_ON = ("auto", "host", "device")
 SCHEDULES = ("constant", "cosine", "exponential")
 CLASS_WEIGHTS = (None, "balanced")
-# LoadOptions that chute train chooses for each split, from the training option named
-# (None: from what the model needs); the rest come from the `load` option.
-SET_BY_TRAIN = {
-    "batch_size": "batch_size",
-    "image_size": "image_size",
-    "augment": "augment",
-    "augment_on": "augment_on",
-    "crop_fraction": "crop_fraction",
-    "seed": "seed",
-    "data_service": "data_service",
-    "training": None,
-    "dtype": None,
-    "label_mode": None,
-    "repeat": None,
-    "pad_final_batch": None,
-}
 # What a TOML [load] table, and chute train's reading flags, may set.
-LOAD_TABLE = tuple(f.name for f in dataclasses.fields(LoadOptions) if f.name not in SET_BY_TRAIN)
+LOAD_TABLE = tuple(f.name for f in dataclasses.fields(LoadOptions) if f.name not in CHOSEN_BY_TRAIN)
 
 
 def _names(value: Any) -> tuple[str, ...]:
@@ -266,7 +251,7 @@ class TrainConfig:
                 raise checks.bad_value("fine_tune_learning_rate", rate, "a number between 0 and 10")
         checks.int_in("seed", self.seed, 0, what="a non-negative integer")
         if self.data_service is not None:
-            from chute.read.service import check_address
+            from chute.read.options import check_address
 
             address = check_address("data_service", self.data_service)
             object.__setattr__(self, "data_service", address)
@@ -322,7 +307,7 @@ def _load_options(value: Any) -> LoadOptions:
     elif not isinstance(value, LoadOptions):
         raise checks.bad_value("load", value, "a LoadOptions or a table of its fields")
     defaults = LoadOptions()
-    for name, own in SET_BY_TRAIN.items():
+    for name, own in CHOSEN_BY_TRAIN.items():
         if getattr(value, name) != getattr(defaults, name):
             instead = f"set `{own}` instead" if own else "chute train chooses it for each split"
             raise ChuteError(

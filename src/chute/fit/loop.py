@@ -23,7 +23,8 @@ import numpy as np
 
 from chute.errors import ChuteError
 from chute.fit.config import TrainConfig
-from chute.fit.objective import categorical, make_loss, make_optimizer
+from chute.fit.objective import make_loss, make_optimizer
+from chute.fit.reading import categorical
 from chute.fit.rundir import RunDir
 from chute.fit.trainable import checkpoints
 from chute.format import storage

@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 from chute.fit.config import TrainConfig
+from chute.fit.reading import categorical
 from chute.lazy import keras
-from chute.read.augment import MIXING
 
 log = logging.getLogger(__name__)
 
@@ -21,11 +21,6 @@ MIN_STEPS = 100
 """The fewest optimizer steps a run should take: a CNN trained from scratch for fewer
 is still far from what its data allow (benchmarks/bench_quality.py), whatever its
 BatchNorm statistics do."""
-
-
-def categorical(config: TrainConfig) -> bool:
-    """Whether labels are one-hot (label smoothing, MixUp and CutMix need them), else integers."""
-    return config.label_smoothing > 0 or any(name in MIXING for name in config.augment)
 
 
 def make_optimizer(

@@ -1,124 +1,251 @@
-"""Where a run's input is, and its backups: the exact mid-epoch resume of the Grain engine.
+"""Where a phase resumes, as a value, and the one object that keeps its backups.
 
-One Keras callback keeps the input and the backup in step. At each epoch's start
-it tells a Grain-engine dataset which data epoch it reads and, on the first epoch
-after a restore mid-epoch, the batch the backup stopped before; every
-``backup_every`` steps and at each epoch's end it writes a backup
-(:class:`chute.fit.backup.Backup`) recording the epoch in progress, so a run killed
-any number of times resumes where the last kill stopped it. With ``engine="grain"``
-every batch is a pure function of its number (:mod:`chute.read.grain_engine`), so
-the input's state is the optimizer's step count that the backup holds; the resumed
-epoch then trains only its remaining batches, the same ones an uninterrupted run
-trains, at the same learning rate (the schedule follows the restored step count),
-ends early (``cut``), and the caller calls ``fit`` again from the next epoch.
+A restored backup (:class:`chute.fit.backup.Record`: the epoch in progress, the
+optimizer steps, the random layers' seed states) becomes a :class:`ResumePoint`
+once, before ``fit``: the epoch ``fit`` starts with, the batches of it already
+trained and the examples they held. With ``engine="grain"`` every batch is a pure
+function of its number (:mod:`chute.read.grain`), so the resumed epoch trains only
+its remaining batches, the same ones an uninterrupted run trains, at the same
+learning rate (the schedule follows the restored step count): one ``fit`` that
+reads the split's stream from that batch and stops at that epoch's end, then one
+of the epochs left (:meth:`ResumePoint.fit_call`). With ``engine="tf"``, tf.data
+cannot restore a shuffle buffer's position (tensorflow#56372): an interrupted
+epoch trains again from its first batch, and the log says so.
 
-With ``engine="tf"``, tf.data cannot restore a shuffle buffer's position
-(tensorflow#56372): an interrupted epoch trains again from its first batch, and
-the log says so.
+:class:`Resume` owns the phase's backup folder, its point and the Keras
+callback that restores the backup once ``fit`` has built the model and writes
+one every ``backup_every`` steps and at each epoch's end, recording the epoch in
+progress, so a run killed any number of times resumes where the last kill
+stopped it.
 
 Example:
-    >>> point = backup.restore(model)  # doctest: +SKIP
-    >>> where = input_position(train, steps=100, first_epoch=0, save=backup.save, every=50)
-    >>> start = point.epoch if point else 0  # doctest: +SKIP
-    >>> model.fit(train, initial_epoch=start, callbacks=[where])  # doctest: +SKIP
+    >>> resume = Resume(Backup(folder), steps=100, global_batch=32, epochs=5)  # doctest: +SKIP
+    >>> call = resume.call(resume.point.epoch)  # doctest: +SKIP
+    >>> model.fit(train.stream(call.start), initial_epoch=call.initial_epoch,
+    ...           epochs=call.epochs, steps_per_epoch=call.steps,
+    ...           callbacks=[resume.callback()])  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from chute.fit.backup import step_of
+from chute.fit.backup import Backup, Record
 from chute.lazy import keras
+from chute.read.stream import StreamPosition
 
 log = logging.getLogger(__name__)
 
 
-def input_position(
-    dataset: Any,
-    *,
-    steps: int,
-    first_epoch: int,
-    engine: str = "grain",
-    save: Callable[[Any, int], Any] | None = None,
-    every: int | None = None,
-    restore: Callable[[Any], Any] | None = None,
-) -> Any:
-    """A Keras callback keeping ``dataset`` at the run's position and backing the run up.
+@dataclasses.dataclass(frozen=True)
+class FitCall:
+    """One call of Keras's ``fit`` in a phase.
 
-    Args:
-        dataset: what ``chute.load`` returned for training.
-        steps: batches per epoch.
-        first_epoch: the data epoch of this fit's epoch 0 (a fine-tuning phase goes
-            on from the epochs of the head phase before it).
-        engine: the engine ``dataset`` was read with.
-        save: ``save(model, epoch)`` writes a backup of ``model`` in ``epoch`` (None:
-            this process writes none, e.g. a JAX process other than the chief).
-        every: back up every ``every`` steps too, not only at each epoch's end (never
-            on an epoch's last batch, whose backup is the epoch's own: a backup holding
-            a whole epoch's steps is always that epoch's end).
-        restore: ``restore(model)`` loads the backup the run resumes from, once, when the
-            first ``fit`` begins (its model is built then); every process runs it (on
-            several JAX processes a collective: the same values, the chief's).
-
-    Returns:
-        The callback. After ``fit`` returns, ``cut`` says a resumed epoch ended early
-        (call ``fit`` again with ``initial_epoch=next_epoch``).
+    Attributes:
+        initial_epoch: ``fit``'s ``initial_epoch``.
+        epochs: ``fit``'s ``epochs``: the phase's (Keras's progress bar says
+            ``Epoch k/epochs``), even for a cut call, which stops earlier.
+        steps: ``fit``'s ``steps_per_epoch`` (None: the dataset's own length).
+        start: where the training split's stream starts (the Grain engine's).
+        cut: the call trains only the rest of a resumed epoch, then stops (the
+            callback of :class:`Resume` sets ``stop_training`` at that epoch's end);
+            the phase goes on with a call from the next epoch.
     """
 
-    class Position(keras.callbacks.Callback):
-        def __init__(self):
+    initial_epoch: int
+    epochs: int
+    steps: int | None
+    start: StreamPosition
+    cut: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where a phase resumes, from its restored backup (all 0 for a new phase).
+
+    Attributes:
+        epoch: the phase's epoch in progress: ``fit``'s ``initial_epoch``.
+        batch: the batches of it already trained (0: from its start; always 0 on
+            the tf.data engine, which reads an interrupted epoch again).
+        samples: the examples they held (``batch`` × the global batch).
+        seeds: the random layers' seed states the backup holds.
+    """
+
+    epoch: int = 0
+    batch: int = 0
+    samples: int = 0
+    seeds: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        record: Record | None,
+        *,
+        steps: int,
+        global_batch: int,
+        engine: str = "grain",
+        stored_step: int | None = None,
+    ) -> ResumePoint:
+        """The point of a restored backup ``record`` (None: a new phase) in a phase of
+        ``steps`` batches of ``global_batch`` examples per epoch. ``stored_step``: the
+        optimizer steps its weights file holds, for a legacy backup whose record has
+        none (``step == -1``: Keras's ``BackupAndRestore`` files).
+
+        Example:
+            >>> ResumePoint.of(Record(1, 10, "w.h5"), steps=6, global_batch=8)
+            ResumePoint(epoch=1, batch=4, samples=32, seeds={})
+        """
+        if record is None:
+            return cls()
+        step = record.step
+        if step == -1 and stored_step is not None:
+            step = stored_step
+        # the optimizer steps of the epochs before it are whole epochs (a legacy backup
+        # of a step unknown even to its weights file, -1, resumes at its epoch's start)
+        done = step - record.epoch * steps
+        if not 0 < done < steps:
+            return cls(record.epoch, seeds=record.seeds)
+        if engine != "grain":
+            log.info(
+                "resuming epoch %d, backed up after batch %d of %d: the tf.data engine "
+                "reads the epoch again from its first batch (engine='grain' goes on "
+                "from the next one)",
+                record.epoch + 1, done, steps,
+            )  # fmt: skip
+            return cls(record.epoch, seeds=record.seeds)
+        log.info(
+            "resuming epoch %d at batch %d of %d: the input goes on from there",
+            record.epoch + 1, done + 1, steps,
+        )  # fmt: skip
+        return cls(record.epoch, done, done * global_batch, record.seeds)
+
+    def fit_call(
+        self, initial_epoch: int, *, epochs: int, steps: int | None, first_epoch: int = 0
+    ) -> FitCall:
+        """The ``fit`` that goes on from ``initial_epoch`` in a phase of ``epochs`` epochs
+        of ``steps`` batches (None: the dataset's own length), whose epoch 0 is the
+        data's ``first_epoch`` (a fine-tuning phase goes on from the head phase's epochs).
+
+        Example:
+            >>> call = ResumePoint(epoch=1, batch=4).fit_call(1, epochs=3, steps=6, first_epoch=2)
+            >>> call.epochs, call.steps, call.start, call.cut
+            (3, 2, StreamPosition(epoch=3, batch=4), True)
+        """
+        start = StreamPosition(first_epoch + initial_epoch)
+        if initial_epoch != self.epoch or self.batch == 0:
+            return FitCall(initial_epoch, epochs, steps, start)
+        # the resumed epoch alone, of its remaining batches: Keras counts an epoch's steps
+        # from 0, and the next call starts the next epoch's at its first batch. `epochs`
+        # stays the phase's, so the progress bar says "Epoch k/N" (it prints no header at
+        # all when told epochs=1); the callback stops the fit at this epoch's end.
+        remaining = (steps or 0) - self.batch
+        start = dataclasses.replace(start, batch=self.batch)
+        return FitCall(initial_epoch, epochs, remaining, start, cut=True)
+
+
+class Resume:
+    """A phase's backups and where it resumes: its backup folder, the point restored
+    from it (computed once, when made) and the Keras callback that restores and saves.
+
+    ``cut`` and ``next_epoch`` say, after each ``fit``, whether it trained only the rest
+    of a resumed epoch (its callback stopped it at that epoch's end) and which epoch the
+    next ``fit`` starts with.
+    """
+
+    def __init__(
+        self,
+        store: Backup,
+        *,
+        steps: int,
+        global_batch: int,
+        epochs: int,
+        first_epoch: int = 0,
+        engine: str = "grain",
+        repeated: bool = True,
+    ):
+        self.store, self.steps, self.epochs = store, steps, epochs
+        self.first_epoch, self.repeated = first_epoch, repeated
+        # every process reads the record (on several JAX processes, the chief's copy)
+        self.record = store.latest()
+        # a legacy backup records no step: its weights file's optimizer holds it (the
+        # stream's start is needed before fit, which restores the model)
+        legacy = self.record is not None and self.record.step == -1
+        self.point = ResumePoint.of(
+            self.record,
+            steps=steps,
+            global_batch=global_batch,
+            engine=engine,
+            stored_step=store.stored_step(self.record) if legacy else None,
+        )
+        self.next_epoch = self.point.epoch + 1
+        self.current: FitCall | None = None  # the fit in progress, or the last one
+
+    @property
+    def cut(self) -> bool:
+        """Whether the last ``fit`` trained only the rest of a resumed epoch."""
+        return self.current is not None and self.current.cut
+
+    def call(self, initial_epoch: int) -> FitCall:
+        """The ``fit`` from ``initial_epoch`` (:meth:`ResumePoint.fit_call`)."""
+        self.current = self.point.fit_call(
+            initial_epoch,
+            epochs=self.epochs,
+            steps=self.steps if self.repeated else None,
+            first_epoch=self.first_epoch,
+        )
+        return self.current
+
+    def callback(
+        self, save: Callable[[Any, int], Any] | None = None, every: int | None = None
+    ) -> Any:
+        """The Keras callback restoring the backup, once, when the first ``fit`` begins
+        (its model is built then; every process restores: on several JAX processes a
+        collective, the same values), and writing backups with ``save(model, epoch)``
+        (None: this process writes none, e.g. a JAX process other than the chief) every
+        ``every`` steps and at each epoch's end."""
+        return _callback()(self, save, every)
+
+
+@functools.cache
+def _callback() -> type:
+    """The class of :meth:`Resume.callback`, made once Keras is imported (lazily)."""
+
+    class Backups(keras.callbacks.Callback):
+        def __init__(self, resume: Resume, save, every):
             super().__init__()
-            self.cut = False  # fit stopped at the end of a resumed epoch
-            self.next_epoch = 0  # the epoch the next fit starts with after a cut
-            self._first, self._epoch, self._batches, self._since = True, 0, steps, 0
-            self._restore = restore
+            self.resume, self.save, self.every = resume, save, every
+            self._restore = resume.record
+            self._epoch, self._batches, self._since = 0, resume.steps, 0
 
         def on_train_begin(self, logs=None):
-            self._first, self.cut = True, False
             if self._restore is not None:
-                self._restore(self.model)
+                self.resume.store.load(self.model, self._restore)
                 self._restore = None  # a later fit goes on from the model as it is
 
         def on_epoch_begin(self, epoch, logs=None):
-            start = 0
-            if self._first:
-                self._first = False
-                done = step_of(self.model) - epoch * steps
-                if 0 < done < steps:
-                    start = self._log_resume(epoch, done)
-            self._epoch, self._batches, self._since = epoch, steps - start, 0
-            if engine == "grain":
-                dataset.set_epoch(first_epoch + epoch, start)
+            # this fit's epochs have its steps: the rest of a resumed epoch, or whole ones
+            self._epoch, self._since = epoch, 0
+            current = self.resume.current
+            self._batches = (current.steps if current else None) or self.resume.steps
 
         def on_train_batch_end(self, batch, logs=None):
+            # Keras calls this once per execution (steps_per_execution): count its steps.
+            # Never on an epoch's last batch, whose backup is the epoch's own: a backup
+            # holding a whole epoch's steps is always that epoch's end.
             last = batch + 1 >= self._batches
-            if last and self._batches < steps:  # a resumed epoch's remaining batches: done
-                self.cut, self.next_epoch = True, self._epoch + 1
-                self.model.stop_training = True
-            # Keras calls this once per execution (steps_per_execution): count its steps
             self._since, previous = batch + 1, self._since
-            if save is not None and every and not last and self._since // every > previous // every:
-                save(self.model, self._epoch)
+            every = self.every
+            if self.save and every and not last and self._since // every > previous // every:
+                self.save(self.model, self._epoch)
 
         def on_epoch_end(self, epoch, logs=None):
-            if save is not None:
-                save(self.model, epoch + 1)
+            if self.save is not None:
+                self.save(self.model, epoch + 1)
+            if self.resume.cut:  # the rest of a resumed epoch: the next fit goes on
+                self.model.stop_training = True
 
-        def _log_resume(self, epoch: int, done: int) -> int:
-            if engine != "grain":
-                log.info(
-                    "resuming epoch %d, backed up after batch %d of %d: the tf.data engine "
-                    "reads the epoch again from its first batch (engine='grain' goes on "
-                    "from the next one)",
-                    epoch + 1, done, steps,
-                )  # fmt: skip
-                return 0
-            log.info(
-                "resuming epoch %d at batch %d of %d: the input goes on from there",
-                epoch + 1, done + 1, steps,
-            )  # fmt: skip
-            return done
-
-    return Position()
+    return Backups

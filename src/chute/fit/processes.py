@@ -26,7 +26,7 @@ One ``keras.distribution.DataParallel`` then spans every device of every process
   the chief's backup and progress (:func:`prepare_run`): a resumed run resumes
   from the chief's backup on every process, whatever each host's disk holds.
 - what the chief does alone runs with the distribution set aside
-  (:func:`alone`, :func:`chief_writes`): under it, making or assigning a Keras
+  (:func:`alone`, :func:`chief_only`): under it, making or assigning a Keras
   variable is a collective every process must join (JAX checks that the value is
   the same everywhere), and Keras makes one whenever it saves a model.
 
@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import inspect
 import io
 import logging
@@ -59,8 +60,9 @@ from chute import checks
 from chute.errors import ChuteError
 from chute.fit import rendezvous, rundir
 from chute.fit import strategy as strategy_lib
+from chute.fit.devices import Devices
 from chute.format import storage
-from chute.lazy import keras, tf
+from chute.lazy import keras
 
 if TYPE_CHECKING:
     from chute.fit.config import TrainConfig
@@ -317,18 +319,12 @@ def _from_chief(
     return [int(v) for v in head[:-2]], b"".join(pieces)
 
 
-def is_chief(strategy: Any) -> bool:
-    """Whether this process writes the run directory: the chief of JAX's processes, and
-    every process of another kind of run (a ``tf.distribute`` worker writes its own)."""
-    return getattr(strategy, "process_index", 0) == 0
-
-
 @contextlib.contextmanager
-def alone(strategy: Any) -> Iterator[None]:
+def alone(devices: Devices) -> Iterator[None]:
     """Keras's distribution set aside while one JAX process (the chief) works alone: the
     models it loads or saves then live on its own devices, and no variable it makes waits
     for the other processes. Nothing changes for a run of one process."""
-    if getattr(strategy, "processes", 1) == 1:
+    if devices.processes == 1:
         yield
         return
     previous = keras.distribution.distribution()
@@ -339,68 +335,67 @@ def alone(strategy: Any) -> Iterator[None]:
         keras.distribution.set_distribution(previous)
 
 
-def chief_only(strategy: Any, writers: Sequence[Any]) -> list:
+def chief_only(devices: Devices, writers: Sequence[Any]) -> list:
     """Callbacks that write the run folder (checkpoints, logs), as this process runs them:
     as they are on one process; on several JAX processes, the chief's alone
     (:func:`alone`), none on the others."""
-    if getattr(strategy, "processes", 1) == 1:
+    if devices.processes == 1:
         return list(writers)
-    if not is_chief(strategy):
+    if not devices.chief:
         return []
-    return [_on_chief(callback, strategy) for callback in writers]
+    return [_on_chief()(callback, devices) for callback in writers]
 
 
-def _on_chief(callback: Any, strategy: Any) -> Any:
-    """``callback`` whose hooks run under :func:`alone` (the chief's, not a collective)."""
+@functools.cache
+def _on_chief() -> type:
+    """The class of a callback whose every hook runs another's under :func:`alone` (the
+    chief's, not a collective); made once Keras is imported (chute imports it lazily)."""
 
     class OnChief(keras.callbacks.Callback):
+        def __init__(self, callback: Any, devices: Devices):
+            super().__init__()
+            self.callback, self.devices = callback, devices
+
         def set_model(self, model):
             super().set_model(model)
-            callback.set_model(model)
+            self.callback.set_model(model)
 
         def set_params(self, params):
             super().set_params(params)
-            callback.set_params(params)
+            self.callback.set_params(params)
 
-    def forward(name: str):
-        def hook(self, *args, **kwargs):
-            with alone(strategy):
-                return getattr(callback, name)(*args, **kwargs)
+        def _alone(self, hook: str, *args: Any, **kwargs: Any) -> Any:
+            with alone(self.devices):
+                return getattr(self.callback, hook)(*args, **kwargs)
 
-        return hook
+        def on_train_begin(self, logs=None):
+            return self._alone("on_train_begin", logs)
 
-    for name in ("on_train_begin", *_HOOKS):
-        setattr(OnChief, name, forward(name))
-    return OnChief()
+        def on_train_end(self, logs=None):
+            return self._alone("on_train_end", logs)
 
+        def on_epoch_begin(self, epoch, logs=None):
+            return self._alone("on_epoch_begin", epoch, logs)
 
-_HOOKS = (
-    "on_epoch_begin",
-    "on_epoch_end",
-    "on_train_end",
-    "on_train_batch_begin",
-    "on_train_batch_end",
-    "on_test_begin",
-    "on_test_end",
-    "on_test_batch_begin",
-    "on_test_batch_end",
-)
+        def on_epoch_end(self, epoch, logs=None):
+            return self._alone("on_epoch_end", epoch, logs)
 
+        def on_train_batch_begin(self, batch, logs=None):
+            return self._alone("on_train_batch_begin", batch, logs)
 
-def reading(strategy: Any, per_device: int) -> dict[str, Any]:
-    """``chute.load``'s options for this JAX process's part of a split: its input context
-    (one input pipeline per process, each feeding the share of the global batch that its
-    devices take: the reader's global batch is then the per-process batch times the
-    processes) and that batch, ``per_device`` times this process's devices.
+        def on_train_batch_end(self, batch, logs=None):
+            return self._alone("on_train_batch_end", batch, logs)
 
-    Example:
-        >>> reading(devices, 16)  # doctest: +SKIP
-        {'batch_size': 32, 'input_context': <InputContext 1 of 2>}
-    """
-    count = strategy.processes
-    context = tf.distribute.InputContext(
-        num_input_pipelines=count,
-        input_pipeline_id=strategy.process_index,
-        num_replicas_in_sync=count,
-    )
-    return {"batch_size": per_device * strategy.devices_here, "input_context": context}
+        def on_test_begin(self, logs=None):
+            return self._alone("on_test_begin", logs)
+
+        def on_test_end(self, logs=None):
+            return self._alone("on_test_end", logs)
+
+        def on_test_batch_begin(self, batch, logs=None):
+            return self._alone("on_test_batch_begin", batch, logs)
+
+        def on_test_batch_end(self, batch, logs=None):
+            return self._alone("on_test_batch_end", batch, logs)
+
+    return OnChief

@@ -1,4 +1,4 @@
-"""Which accelerator is here, and the ``tf.distribute`` strategy, precision and batch for it.
+"""Which accelerator is here, and the ``tf.distribute`` strategy and precision for it.
 
 Detection order for ``kind="auto"``:
 
@@ -18,9 +18,9 @@ Which TPU case was taken, or why none was found, is logged. Detection
 so its logic is tested with the environment, devices and resolver faked.
 
 Example:
-    >>> strategy = auto_strategy()  # doctest: +SKIP
-    >>> global_batch_size(128, strategy)  # doctest: +SKIP
-    1024
+    >>> devices = tensorflow_devices()  # doctest: +SKIP
+    >>> devices.kind, devices.replicas  # doctest: +SKIP
+    ('tpu', 8)
 """
 
 from __future__ import annotations
@@ -36,16 +36,13 @@ from typing import Any
 
 from chute import checks
 from chute.errors import ChuteError
+from chute.fit.devices import Devices
 from chute.lazy import tf
 
 log = logging.getLogger(__name__)
 
 KINDS = ("auto", "tpu", "gpu", "cpu", "multiworker")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
-# Steps per tf.function call: TPUs pay a host round trip per call, so run many.
-# MirroredStrategy stays at 1: with Keras 3.15 / TF 2.21 any larger value fails
-# ("You must feed a value for placeholder tensor ..." in multi_step_on_iterator).
-STEPS_PER_EXECUTION = {"tpu": 64, "multi-gpu": 1, "gpu": 8, "multiworker": 1, "cpu": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,23 +183,21 @@ def _default_resolver(address: str | None) -> Any:
     return resolver
 
 
-def count_hosts(strategy: Any) -> int:
-    """Hosts a strategy's replicas live on, each with its own input pipeline: the
-    workers of ``MultiWorkerMirroredStrategy``, the hosts of a TPU pod slice (the
-    ``worker`` tasks its resolver names), else 1.
+def count_hosts(kind: str, tpu: Any = None, environ: Mapping[str, str] | None = None) -> int:
+    """Hosts a strategy of ``kind`` spans, each with its own input pipeline: the
+    workers of ``MultiWorkerMirroredStrategy`` (``TF_CONFIG``'s), the hosts of a TPU
+    pod slice (the ``worker`` tasks its resolver ``tpu`` names), else 1.
 
     Example:
-        >>> count_hosts(tf.distribute.OneDeviceStrategy("/cpu:0"))  # doctest: +SKIP
+        >>> count_hosts("cpu")
         1
     """
-    kind = getattr(strategy, "chute_kind", None)
     if kind == "multiworker":
-        return count_workers()
-    if kind == "tpu":
-        resolver = getattr(strategy, "cluster_resolver", None)
-        spec = resolver.cluster_spec() if resolver is not None else None
-        jobs = spec.jobs if spec is not None else []
-        return max(1, spec.num_tasks("worker")) if "worker" in jobs else 1
+        return count_workers(environ)
+    if kind == "tpu" and tpu is not None:
+        spec = tpu.cluster_spec()
+        # a TPU attached to this host (tpu="local") names no cluster: one host
+        return max(1, spec.num_tasks("worker")) if "worker" in spec.jobs else 1
     return 1
 
 
@@ -287,31 +282,48 @@ def make_strategy(plan: Plan) -> Any:
 def auto_strategy(kind: str = "auto", *, tpu: str | None = None) -> Any:
     """The best ``tf.distribute`` strategy for this machine (see the module docstring).
 
-    What was found (kind, replicas, devices) is logged; ``strategy.chute_kind``
-    says which kind it is.
+    What was found (kind, replicas, devices) is logged. The strategy is TensorFlow's
+    own, nothing set on it; :func:`tensorflow_devices` also says which kind it is and
+    how its input is read (a :class:`~chute.fit.devices.Devices`).
+
+    Args:
+        kind: ``"auto"``, or insist on ``"tpu"``, ``"gpu"``, ``"cpu"`` or ``"multiworker"``.
+        tpu: a TPU name or ``grpc://`` address (default: from the environment).
+
+    Returns:
+        A ``tf.distribute.TPUStrategy``, ``MultiWorkerMirroredStrategy``,
+        ``MirroredStrategy`` (several GPUs) or ``OneDeviceStrategy`` (one GPU, the CPU).
 
     Example:
         >>> strategy = auto_strategy("cpu")  # doctest: +SKIP
     """
+    return tensorflow_devices(kind, tpu=tpu).strategy
+
+
+def tensorflow_devices(kind: str = "auto", *, tpu: str | None = None) -> Devices:
+    """The :class:`~chute.fit.devices.Devices` of the best strategy for this machine:
+    :func:`detect`, then :func:`make_strategy`, then :func:`devices_of`."""
     plan = detect(kind, tpu=tpu)
-    strategy = make_strategy(plan)
-    strategy.chute_kind = plan.kind
-    info = describe(strategy)
-    log.info(
-        "strategy: %s, %d replica(s) on %s", plan.kind, info["replicas"], ", ".join(info["devices"])
+    found = devices_of(make_strategy(plan), plan)
+    log.info("strategy: %s, %d replica(s) on %s", plan.kind, found.replicas, ", ".join(found.names))
+    return found
+
+
+def devices_of(strategy: Any, plan: Plan) -> Devices:
+    """What a built strategy of ``plan`` trains on, and this host's GPUs (which decide
+    its precision)."""
+    gpus = count_gpus() if plan.kind in ("gpu", "multi-gpu", "multiworker") else 0
+    names = tuple(str(device) for device in strategy.extended.worker_devices)
+    return Devices(
+        plan.kind,
+        replicas=strategy.num_replicas_in_sync,
+        names=names,
+        hosts=count_hosts(plan.kind, plan.tpu),
+        devices_here=len(names),
+        gpus=gpus,
+        gpu_mixed_float16=gpus > 0 and gpu_supports_mixed_float16(),
+        strategy=strategy,
     )
-    return strategy
-
-
-def describe(strategy: Any) -> dict:
-    """Kind, number of replicas and devices of a strategy."""
-    extended = getattr(strategy, "extended", None)
-    devices = list(getattr(extended, "worker_devices", ()) or ())
-    return {
-        "kind": getattr(strategy, "chute_kind", type(strategy).__name__),
-        "replicas": strategy.num_replicas_in_sync,
-        "devices": [str(d) for d in devices],
-    }
 
 
 def precision_policy(
@@ -347,9 +359,3 @@ def gpu_supports_mixed_float16() -> bool:
         tf.config.experimental.get_device_details(g).get("compute_capability") for g in gpus
     ]
     return bool(capabilities) and all(c is not None and c >= (7, 0) for c in capabilities)
-
-
-def global_batch_size(per_replica: int, strategy: Any) -> int:
-    """Per-replica batch × replicas in sync: what one training step consumes."""
-    checks.positive_int("batch_size", per_replica, "a positive integer (per replica)")
-    return per_replica * strategy.num_replicas_in_sync

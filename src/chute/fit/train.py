@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -31,21 +30,20 @@ from typing import Any
 import numpy as np
 
 from chute.errors import ChuteError
-from chute.fit import backbones, cnns, models, position, rundir, trainable
 from chute.fit import backend as backend_lib
 from chute.fit import backup as backup_lib
+from chute.fit import models, position, reading, rundir, trainable
 from chute.fit import processes as processes_lib
 from chute.fit import strategy as strategy_lib
 from chute.fit.config import TrainConfig
-from chute.fit.objective import categorical, make_loss, make_metrics, make_optimizer, warn_if_short
+from chute.fit.devices import Devices
+from chute.fit.objective import make_loss, make_metrics, make_optimizer, warn_if_short
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import load_model, save_bundle
 from chute.lazy import keras
 from chute.read.augment import FUSED, DeviceAugmentation
 from chute.read.load import info_of, load
-from chute.read.options import LoadOptions
-from chute.read.plan import default_crop_fraction
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +81,7 @@ class _Inputs:
     crop_fraction: float
     augment_on: str  # where the heavy augmentations run: "host" or "device"
     repeated: bool = False  # the training data repeats: fit is told the steps of an epoch
+    engine: str = "tf"  # the reading engine ("grain": a stream that resumes mid-epoch)
     val_steps: int | None = None  # with per_host under Keras's fit
     val_padded: float = 1.0  # validation examples Keras counts per real one (padding)
     val_weighted: bool = False  # validation batches are padded, with weights (0: padding)
@@ -140,21 +139,21 @@ def train(
     run = processes_lib.prepare_run(
         run_dir, overwrite=overwrite, processes=processes, started=started
     )
-    strategy = _strategy(config)
-    precision = _precision(config, strategy)
-    with _global_policy(precision), _distribution(strategy):
+    devices = _devices(config)
+    precision = _precision(config, devices)
+    # on JAX, Keras's distribution is current for the whole run (fit splits each batch
+    # over its devices); a tf.distribute strategy is entered where variables are made
+    with _global_policy(precision), devices.run_scope():
         keras.utils.set_random_seed(config.seed)
-        inputs = _inputs(manifest, config, strategy)
-        model = _built_model(config, manifest, strategy, inputs)
-        history, seconds = _fit_phases(model, strategy, inputs, config, manifest, run, verbose)
+        inputs = _inputs(manifest, config, devices)
+        model = _built_model(config, manifest, devices, inputs)
+        history, seconds = _fit_phases(model, devices, inputs, config, manifest, run, verbose)
         if not processes.chief:  # the chief writes the run directory, bundle and reports
             chiefs = rundir.RunDir(os.fspath(run_dir), run.resumed)
-            return _result(
-                chiefs, None, inputs, history, seconds, strategy, precision, config.backend
-            )
-        with processes_lib.alone(strategy):  # the chief alone: not a collective
-            bundle = _save_best(model, manifest, run, config, precision, strategy, inputs)
-    result = _result(run, bundle, inputs, history, seconds, strategy, precision, config.backend)
+            return _result(chiefs, None, inputs, history, seconds, devices, precision)
+        with processes_lib.alone(devices):  # the chief alone: not a collective
+            bundle = _save_best(model, manifest, run, config, precision, inputs)
+    result = _result(run, bundle, inputs, history, seconds, devices, precision)
     _write_reports(run, result, config, history, manifest)
     if inputs.val is not None:
         from chute.fit.evaluate import evaluate
@@ -193,11 +192,11 @@ def _training_data(data: Any) -> manifest_lib.Manifest:
     return manifest
 
 
-def _strategy(config: TrainConfig) -> Any:
-    """A ``tf.distribute`` strategy on TensorFlow; on JAX and torch, their devices
+def _devices(config: TrainConfig) -> Devices:
+    """A ``tf.distribute`` strategy's devices on TensorFlow; on JAX and torch, Keras's
     (TensorFlow, which only reads the input there, kept off the accelerators first)."""
     if config.backend == "tensorflow":
-        return strategy_lib.auto_strategy(config.strategy, tpu=config.tpu)
+        return strategy_lib.tensorflow_devices(config.strategy, tpu=config.tpu)
     if config.backend == "torch" and (config.steps_per_execution or 1) > 1:
         raise ChuteError(
             "Keras on torch runs one step per call. Received: steps_per_execution="
@@ -216,23 +215,12 @@ def _strategy(config: TrainConfig) -> Any:
     return backend_lib.devices(config.backend, config.strategy, tpu=config.tpu)
 
 
-def _distribution(strategy: Any) -> Any:
-    """On JAX, Keras's distribution made current for the whole run (``fit`` splits each
-    batch over its devices); a ``tf.distribute`` strategy is entered where needed."""
-    if isinstance(strategy, backend_lib.KerasDevices):
-        return strategy.scope()
-    return contextlib.nullcontext()
-
-
-def _precision(config: TrainConfig, strategy: Any) -> str:
-    kind = strategy.chute_kind
-    if isinstance(strategy, backend_lib.KerasDevices):  # JAX or torch knows its GPUs
-        gpus, gpu_fp16 = strategy.gpus, strategy.gpu_mixed_float16
-    else:
-        gpus = strategy_lib.count_gpus() if kind in ("gpu", "multi-gpu", "multiworker") else 0
-        gpu_fp16 = gpus > 0 and strategy_lib.gpu_supports_mixed_float16()
+def _precision(config: TrainConfig, devices: Devices) -> str:
     return strategy_lib.precision_policy(
-        kind, config.precision, gpu_mixed_float16=gpu_fp16, gpus=gpus
+        devices.kind,
+        config.precision,
+        gpu_mixed_float16=devices.gpu_mixed_float16,
+        gpus=devices.gpus,
     )
 
 
@@ -247,54 +235,36 @@ def _global_policy(precision: str) -> Iterator[None]:
         keras.mixed_precision.set_global_policy(previous)
 
 
-def _input_size(config: TrainConfig, manifest: manifest_lib.Manifest) -> tuple[int, int]:
-    """The model's input size: asked for, else as stored, else the backbone's usual one."""
-    if config.image_size is not None:
-        return config.image_size
-    if manifest.image.fixed_size:
-        return manifest.image.size
-    resolved = models.resolve_model(config.model)
-    if resolved in cnns.CNNS:
-        raise ChuteError(
-            f"{manifest.location} stores images at their own sizes; pass image_size "
-            f"(--image-size H or HxW) for model {config.model!r}. Received: image_size=None"
-        )
-    size = backbones.default_size(resolved)
-    log.info("image size %dx%d: %s's own", size, size, resolved)
-    return size, size
-
-
-def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any) -> _Inputs:
+def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devices) -> _Inputs:
     """The training and validation datasets, and the steps of an epoch (the reader's).
 
     One input pipeline yields the whole global batch, which Keras splits across
     the replicas; or, under ``MultiWorkerMirroredStrategy``, on TPU pod slices
-    and as one of several JAX processes, each host reads its own part (see
-    :func:`_train_split`).
+    and as one of several JAX processes, each host reads its own part (the rules:
+    :mod:`chute.fit.reading`).
     """
-    global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
+    global_batch = reading.global_batch(config, devices)
     log.info(
         "global batch %d = %d per replica x %d replica(s)",
         global_batch,
         config.batch_size,
-        strategy.num_replicas_in_sync,
+        devices.replicas,
     )
-    size = _input_size(config, manifest)
-    crop_fraction = config.crop_fraction or default_crop_fraction(manifest.image)
-    label_mode = "categorical" if categorical(config) else "int"
-    read = dataclasses.replace(config.load, image_size=size, label_mode=label_mode)
-    augment_on = _augment_on(config, strategy)
-    train = _train_split(manifest, config, strategy, read, augment_on)
+    train_options, val_options = reading.reading(config, devices, manifest)
+    train = load(manifest, "train", train_options, **reading.pipelines(devices, training=True))
     steps = info_of(train).steps
     if steps == 0:
         raise ChuteError(
             f"The train split ({manifest.num_examples('train')} images) is smaller than one "
             f"global batch ({global_batch}); lower `batch_size`"
         )
-    val, val_steps = _val_split(manifest, config, strategy, read, crop_fraction)
-    val_weighted = val is not None and info_of(val).options.pad_final_batch
-    val_padded = 1.0
-    if val_weighted:  # Keras counts the padding among the examples it averages
+    val, val_steps, val_padded = None, None, 1.0
+    if val_options is not None:
+        val = load(manifest, "val", val_options, **reading.pipelines(devices, training=False))
+        # a repeated split never ends: Keras is told its steps
+        val_steps = info_of(val).steps if val_options.repeat else None
+    if val_options is not None and val_options.pad_final_batch:
+        # Keras counts the padding among the examples it averages
         val_padded = info_of(val).steps * global_batch / manifest.num_examples("val")
     return _Inputs(
         train,
@@ -302,136 +272,24 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, strategy: Any)
         steps,
         global_batch,
         "val_accuracy" if val is not None else "accuracy",
-        (*size, manifest.image.channels),
-        crop_fraction,
-        augment_on,
-        repeated=info_of(train).options.repeat,
+        (*train_options.image_size, manifest.image.channels),
+        reading.crop_fraction(config, manifest),
+        train_options.augment_on,
+        repeated=train_options.repeat,
+        engine=train_options.engine,
         val_steps=val_steps,
         val_padded=val_padded,
-        val_weighted=val_weighted,
+        val_weighted=val_options is not None and val_options.pad_final_batch,
     )
 
 
-def _augment_on(config: TrainConfig, strategy: Any) -> str:
-    """Where the heavy augmentations run: ``"device"`` on an accelerator and through the
-    tf.data service (its workers run graphs only), else ``"host"``; unless asked."""
-    if config.augment_on != "auto":
-        return config.augment_on
-    if isinstance(strategy, backend_lib.KerasDevices) and strategy.backend == "torch":
-        return "host"
-    accelerator = strategy.chute_kind in ("tpu", "gpu", "multi-gpu")
-    return "device" if accelerator or config.data_service else "host"
-
-
-def _train_split(
-    manifest: manifest_lib.Manifest,
-    config: TrainConfig,
-    strategy: Any,
-    read: LoadOptions,
-    augment_on: str,
-) -> Any:
-    """The training data, in one of three ways.
-
-    Per host: each host reads its own shards at its replicas' batch
-    (``distribute_datasets_from_function``; a JAX process at its devices'),
-    repeated; an epoch is the smallest host's share (the reader's steps).
-    Through the tf.data service: repeated, each repetition a job of an epoch's
-    batches (a job cut short by a lost worker ends sooner). Otherwise one
-    pipeline of global batches, one epoch a pass.
-    """
-    training = {
-        "augment": list(config.augment),
-        "augment_on": augment_on,
-        "data_service": config.data_service,
-        "seed": config.seed,
-    }
-    if _per_host(strategy):
-        return load(
-            manifest,
-            "train",
-            read,
-            **_per_host_reading(config, strategy),
-            repeat=True,
-            **training,
-        )
-    global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
-    # The Grain engine's stream goes on from epoch to epoch (Keras keeps one iterator
-    # when it is told the steps), from where the position callback puts it.
-    repeat = config.data_service is not None or read.engine == "grain"
-    return load(manifest, "train", read, batch_size=global_batch, repeat=repeat, **training)
-
-
-def _val_split(
-    manifest: manifest_lib.Manifest,
-    config: TrainConfig,
-    strategy: Any,
-    read: LoadOptions,
-    crop_fraction: float,
-) -> tuple[Any | None, int | None]:
-    """The validation data (None without a val split), and its steps when Keras must be
-    told them.
-
-    Keras's fit on several hosts: each host validates its own share, padded to the
-    largest share's batches (weight 0 on the padding), repeated for every epoch.
-    On several JAX devices: one pipeline, its last batch padded too (Keras splits
-    every batch evenly over the devices). Otherwise one pipeline; chute's
-    multi-worker loop validates the whole split on each worker.
-    """
-    if manifest.num_examples("val") == 0:
-        return None, None
-    evaluation = {"training": False, "crop_fraction": crop_fraction, "sampling": None}
-    if read.engine == "grain" and read.workers is None:
-        # Keras iterates validation anew each epoch: Grain would start its worker
-        # processes each time (seconds); threads read as fast (benchmarks/README.md)
-        evaluation["workers"] = 0
-    if _per_host(strategy) and strategy.chute_kind != "multiworker":
-        val = load(
-            manifest,
-            "val",
-            read,
-            **_per_host_reading(config, strategy),
-            pad_final_batch=True,
-            repeat=True,
-            **evaluation,
-        )
-        return val, info_of(val).steps
-    global_batch = strategy_lib.global_batch_size(config.batch_size, strategy)
-    if isinstance(strategy, backend_lib.KerasDevices) and strategy.num_replicas_in_sync > 1:
-        evaluation["pad_final_batch"] = True
-    if read.engine != "grain":
-        return load(manifest, "val", read, batch_size=global_batch, **evaluation), None
-    # Keras cannot ask a Grain dataset its length: told none, it reads to the end and
-    # warns that the "input ran out of data". Told the steps, it reads them from each
-    # evaluation's own iterator of the repeated split.
-    val = load(manifest, "val", read, batch_size=global_batch, repeat=True, **evaluation)
-    return val, info_of(val).steps
-
-
-def _per_host(strategy: Any) -> bool:
-    """Whether every host reads its own input: under several workers, a TPU pod slice or
-    several JAX processes (one pipeline feeding them all would read everything on each host)."""
-    if getattr(strategy, "processes", 1) > 1:
-        return True
-    return strategy.chute_kind == "multiworker" or strategy_lib.count_hosts(strategy) > 1
-
-
-def _per_host_reading(config: TrainConfig, strategy: Any) -> dict[str, Any]:
-    """How a host reads its part: through ``distribute_datasets_from_function`` at the
-    per-replica batch under ``tf.distribute``; as one of several JAX processes, through
-    its input context at its devices' share of the global batch (Keras assembles the
-    processes' batches into global ones)."""
-    if getattr(strategy, "processes", 1) > 1:
-        return processes_lib.reading(strategy, config.batch_size)
-    return {"batch_size": config.batch_size, "strategy": strategy}
-
-
 def _built_model(
-    config: TrainConfig, manifest: manifest_lib.Manifest, strategy: Any, inputs: _Inputs
+    config: TrainConfig, manifest: manifest_lib.Manifest, devices: Devices, inputs: _Inputs
 ) -> Any:
-    """The model, built inside the strategy's scope (compiled per phase, see _fit_phases)."""
+    """The model, built inside the devices' scope (compiled per phase, see _fit_phases)."""
     examples = manifest.num_examples("train")
     warn_if_short(config, inputs.steps, global_batch=inputs.global_batch, train_examples=examples)
-    with strategy.scope():
+    with devices.scope():
         model = models.build_model(
             config.model,
             input_shape=inputs.input_shape,
@@ -439,7 +297,7 @@ def _built_model(
             weights=config.weights,
             steps_per_epoch=inputs.steps,  # BatchNorm's moving statistics settle in an epoch
         )
-        if strategy.num_replicas_in_sync > 1 and config.backend == "tensorflow":
+        if devices.replicas > 1 and config.backend == "tensorflow":
             # Batch statistics over the global batch, as on one device; every
             # replica (and worker) then also keeps the same moving statistics.
             # (On JAX they are already: one program runs over the whole sharded batch.)
@@ -463,7 +321,7 @@ def _phases(config: TrainConfig, run) -> list[_Phase]:
     return phases
 
 
-def _fit_phases(model, strategy, inputs: _Inputs, config, manifest, run, verbose):
+def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run, verbose):
     """Trains phase after phase; returns the history and the seconds of each epoch.
 
     A finished phase leaves its weights and history in the backup folder, so a
@@ -472,7 +330,7 @@ def _fit_phases(model, strategy, inputs: _Inputs, config, manifest, run, verbose
     storage.makedirs(run.join("checkpoints"))
     class_weight = None
     if config.class_weights == "balanced":
-        counts = np.maximum(1, np.asarray(manifest.splits["train"]["class_counts"], float))
+        counts = np.maximum(1, np.asarray(manifest.split("train").class_counts, float))
         class_weight = dict(enumerate(counts.sum() / (manifest.num_classes * counts)))
     history: dict[str, list[float]] = {}
     seconds: list[float] = []
@@ -486,13 +344,13 @@ def _fit_phases(model, strategy, inputs: _Inputs, config, manifest, run, verbose
             continue
         trainable.freeze(model, phase.name, config.fine_tune)
         phase_history, phase_seconds = _fit(
-            model, strategy, inputs, config, run, phase, class_weight, verbose
+            model, devices, inputs, config, run, phase, class_weight, verbose
         )
         _extend(history, phase_history)
         seconds += phase_seconds
-        if len(phases) > 1 and processes_lib.is_chief(strategy):
+        if len(phases) > 1 and devices.chief:
             storage.makedirs(phase.backup)
-            with processes_lib.alone(strategy):  # the chief alone: not a collective
+            with processes_lib.alone(devices):  # the chief alone: not a collective
                 model.save_weights(storage.join(phase.backup, "end.weights.h5"))
             body = {"history": phase_history}
             storage.write_atomic(done, json.dumps(body, default=float).encode())
@@ -505,19 +363,21 @@ def _extend(history: dict, more: dict) -> None:
         history.setdefault(name, []).extend(float(v) for v in values)
 
 
-def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_weight, verbose):
+def _fit(
+    model, devices: Devices, inputs: _Inputs, config, run, phase: _Phase, class_weight, verbose
+):
     """One phase: Keras's fit (or chute's loop under MultiWorkerMirroredStrategy)."""
     augmentation = None
     heavy = [name for name in config.augment if name not in FUSED]
     if inputs.augment_on == "device" and heavy:
-        with strategy.scope():  # its layers' seed variables live with the model's
+        with devices.scope():  # its layers' seed variables live with the model's
             augmentation = DeviceAugmentation(heavy, config.seed)
-    if strategy.chute_kind == "multiworker":
+    if devices.kind == "multiworker":
         from chute.fit.loop import fit_multiworker
 
         return fit_multiworker(
             model,
-            strategy,
+            devices.strategy,
             inputs.train,
             inputs.val,
             steps=inputs.steps,
@@ -530,7 +390,61 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
             backup=phase.backup,
             augmentation=augmentation,
         )
-    with strategy.scope():
+    trainer = _compiled(model, devices, inputs, config, phase, augmentation)
+    timer = _epoch_timer()
+    kept = trainable.progress(run, phase.name, inputs.monitor, config.early_stopping)
+    resume = position.Resume(
+        backup_lib.Backup(phase.backup),
+        steps=inputs.steps,
+        global_batch=inputs.global_batch,
+        epochs=phase.epochs,
+        first_epoch=phase.first_epoch,
+        engine=inputs.engine,
+        repeated=inputs.repeated,
+    )
+    callbacks = [
+        *([_padded_val_loss(inputs.val_padded)] if inputs.val_padded != 1 else []),
+        # first: the others see saved epochs (and the restored model); every process
+        # restores, only the chief writes backups, alone
+        resume.callback(_saver(resume.store, devices), config.backup_every),
+        *processes_lib.chief_only(
+            devices,
+            [
+                *trainable.checkpoints(model, run, inputs.monitor),
+                keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
+                keras.callbacks.TensorBoard(run.logs),
+            ],
+        ),
+        kept,
+        timer,
+    ]
+
+    def fit(initial_epoch: int) -> None:
+        call = resume.call(initial_epoch)
+        trainer.fit(
+            # the Grain engine's stream from the call's batch on (Keras iterates a dataset
+            # a few times before training, to learn its shapes: each time from there)
+            inputs.train.stream(call.start) if inputs.engine == "grain" else inputs.train,
+            validation_data=inputs.val,
+            epochs=call.epochs,
+            initial_epoch=call.initial_epoch,
+            steps_per_epoch=call.steps,
+            validation_steps=inputs.val_steps,
+            callbacks=callbacks,
+            class_weight=class_weight,
+            shuffle=False,  # the dataset shuffles itself (Keras would only warn)
+            verbose=verbose,
+        )
+
+    # epochs recorded after the restored backup (a newer one was unreadable) go
+    _fit_until_done(fit, resume, kept, first=kept.resume_at(resume.point.epoch))
+    return kept.finish(), timer.seconds
+
+
+def _compiled(model, devices: Devices, inputs: _Inputs, config, phase: _Phase, augmentation):
+    """What ``fit`` trains: the model (with the augmentation layers in front, when they
+    run in the train step), compiled for the phase inside the devices' scope."""
+    with devices.scope():
         trainer = (
             model if augmentation is None else trainable.with_augmentation(model, augmentation)
         )
@@ -544,62 +458,16 @@ def _fit(model, strategy, inputs: _Inputs, config, run, phase: _Phase, class_wei
             loss=make_loss(config),
             metrics=None if padded else metrics,
             weighted_metrics=metrics if padded else None,
-            steps_per_execution=config.steps_per_execution
-            or backend_lib.steps_per_execution(strategy),
+            steps_per_execution=config.steps_per_execution or devices.steps_per_execution,
         )
-    timer = _EpochTimer()
-    kept = trainable.progress(run, phase.name, inputs.monitor, config.early_stopping)
-    # every process restores (on several JAX processes a collective: the same values, the
-    # chief's, see processes.prepare_run); only the chief writes backups, alone
-    store = backup_lib.Backup(phase.backup)
-    point = store.latest()  # fit starts from its epoch; its weights load in fit (built)
-    epoch = kept.resume_at(point.epoch if point else 0)
-    where = position.input_position(
-        inputs.train,
-        steps=inputs.steps,
-        first_epoch=phase.first_epoch,
-        engine=info_of(inputs.train).options.engine,
-        save=_saver(store, strategy),
-        every=config.backup_every,
-        restore=None if point is None else functools.partial(store.load, point=point),
-    )
-    callbacks = [
-        *([_PaddedValLoss(inputs.val_padded)] if inputs.val_padded != 1 else []),
-        where,  # first: the others see saved epochs (and the position, the restored step)
-        *processes_lib.chief_only(
-            strategy,
-            [
-                *trainable.checkpoints(model, run, inputs.monitor),
-                keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
-                keras.callbacks.TensorBoard(run.logs),
-            ],
-        ),
-        kept,
-        timer,
-    ]
-
-    def fit(initial_epoch: int) -> None:
-        trainer.fit(
-            inputs.train,
-            validation_data=inputs.val,
-            epochs=phase.epochs,
-            initial_epoch=initial_epoch,
-            steps_per_epoch=inputs.steps if inputs.repeated else None,
-            validation_steps=inputs.val_steps,
-            callbacks=callbacks,
-            class_weight=class_weight,
-            shuffle=False,  # the dataset shuffles itself (Keras would only warn)
-            verbose=verbose,
-        )
-
-    _fit_until_done(fit, where, kept, first=epoch)
-    return kept.finish(), timer.seconds
+    return trainer
 
 
 def _fit_until_done(fit: Any, where: Any, kept: Any, *, first: int) -> None:
-    """Calls ``fit(initial_epoch)`` from ``first`` until the phase is over: a resumed epoch
-    ends early (``where.cut``) and the next call goes on from the next epoch, unless
-    early stopping (``kept.stopped``) ended the phase at that epoch."""
+    """Calls ``fit(initial_epoch)`` from ``first`` until the phase is over: a fit that
+    trained only the rest of a resumed epoch (``where.cut``) is followed by one from the
+    next epoch (``where.next_epoch``), unless early stopping (``kept.stopped``) ended the
+    phase at that epoch."""
     epoch = first
     while True:
         fit(epoch)
@@ -608,20 +476,20 @@ def _fit_until_done(fit: Any, where: Any, kept: Any, *, first: int) -> None:
         epoch = where.next_epoch
 
 
-def _saver(store: backup_lib.Backup, strategy: Any) -> Any:
+def _saver(store: backup_lib.Backup, devices: Devices) -> Any:
     """``store.save`` as this process runs it: the chief's alone (not a collective on
     several JAX processes), none on the other processes."""
-    if not processes_lib.is_chief(strategy):
+    if not devices.chief:
         return None
 
     def save(model: Any, epoch: int) -> None:
-        with processes_lib.alone(strategy):
+        with processes_lib.alone(devices):
             store.save(model, epoch)
 
     return save
 
 
-def _save_best(model, manifest, run, config: TrainConfig, precision: str, strategy, inputs):
+def _save_best(model, manifest, run, config: TrainConfig, precision: str, inputs):
     """The best checkpoint as a model bundle (holding the model, ready for evaluation)."""
     best = run.checkpoint("best")  # the best epoch of the whole run, resumes included
     if storage.exists(best):
@@ -642,7 +510,7 @@ def _save_best(model, manifest, run, config: TrainConfig, precision: str, strate
 
 
 def _result(
-    run, bundle, inputs: _Inputs, history, seconds, strategy, precision, backend
+    run, bundle, inputs: _Inputs, history, seconds, devices: Devices, precision
 ) -> TrainResult:
     best = max(history[inputs.monitor]) if history.get(inputs.monitor) else None
     per_epoch = float(np.median(seconds)) if seconds else 0.0
@@ -654,13 +522,13 @@ def _result(
         epochs_run=len(seconds),
         seconds_per_epoch=per_epoch,
         images_per_second=inputs.steps * inputs.global_batch / per_epoch if per_epoch else 0.0,
-        replicas=strategy.num_replicas_in_sync,
+        replicas=devices.replicas,
         global_batch_size=inputs.global_batch,
-        strategy=strategy.chute_kind,
+        strategy=devices.kind,
         precision=precision,
         resumed=run.resumed,
-        backend=backend,
-        processes=getattr(strategy, "processes", 1),
+        backend=devices.backend,
+        processes=devices.processes,
     )
 
 
@@ -692,36 +560,34 @@ def _write_reports(run, result: TrainResult, config: TrainConfig, history, manif
     draw_curves(history, run.join("curves.png"))
 
 
-class _PaddedValLoss:
-    """Keras averages the validation loss over every example of the padded batches
-    (padding included, at loss 0): ``val_loss`` scaled back to the real examples, before
-    the other callbacks see it."""
+def _padded_val_loss(padded: float) -> Any:
+    """A callback scaling ``val_loss`` back to the real examples, before the other
+    callbacks see it: Keras averages the validation loss over every example of the padded
+    batches (padding included, at loss 0)."""
 
-    def __new__(cls, padded: float):
-        class PaddedValLoss(keras.callbacks.Callback):
-            def on_epoch_end(self, epoch, logs=None):
-                if logs and "val_loss" in logs:
-                    logs["val_loss"] = float(logs["val_loss"]) * padded
+    class PaddedValLoss(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if logs and "val_loss" in logs:
+                logs["val_loss"] = float(logs["val_loss"]) * padded
 
-        return PaddedValLoss()
+    return PaddedValLoss()
 
 
-class _EpochTimer:
-    """Wall time of each epoch (training and validation), as a Keras callback."""
+def _epoch_timer() -> Any:
+    """A callback keeping the wall time of each epoch (training and validation)."""
 
-    def __new__(cls):
-        class Timer(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.seconds: list[float] = []
+    class Timer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seconds: list[float] = []
 
-            def on_epoch_begin(self, epoch, logs=None):
-                self._started = time.perf_counter()
+        def on_epoch_begin(self, epoch, logs=None):
+            self._started = time.perf_counter()
 
-            def on_epoch_end(self, epoch, logs=None):
-                self.seconds.append(time.perf_counter() - self._started)
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds.append(time.perf_counter() - self._started)
 
-        return Timer()
+    return Timer()
 
 
 def _all_layers(model) -> list:
