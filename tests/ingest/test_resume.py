@@ -15,6 +15,7 @@ from helpers import make_folder, tree_bytes
 import chute
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
+from chute.ingest import lock as lock_lib
 from chute.ingest import resume
 from chute.ingest.writer import ShardWriter
 
@@ -297,13 +298,13 @@ def test_kill_9_mid_run_then_rerun_is_byte_identical(tmp_path):
 
 def test_a_second_conversion_into_the_same_output_stops_at_once(src, tmp_path):
     out = tmp_path / "out"
-    with resume.locked(str(out)):  # a conversion holding OUT (this process: alive)
+    with lock_lib.locked(str(out)):  # a conversion holding OUT (this process: alive)
         with pytest.raises(ChuteError, match="Another chute convert is writing") as caught:
             chute.convert(src, out, workers=1, **OPTIONS)
         assert str(os.getpid()) in str(caught.value)
     assert not (out / "manifest.json").exists()
     chute.convert(src, out, workers=1, **OPTIONS)  # the lock is gone with its holder
-    assert not (out / resume.LOCK_NAME).exists()
+    assert not (out / lock_lib.LOCK_NAME).exists()
 
 
 def test_a_lock_left_by_a_process_that_is_gone_is_taken_over(src, reference, tmp_path, caplog):
@@ -315,7 +316,7 @@ def test_a_lock_left_by_a_process_that_is_gone_is_taken_over(src, reference, tmp
     import socket
 
     lock = {"pid": int(gone.stdout), "host": socket.gethostname(), "since": "earlier"}
-    (out / resume.LOCK_NAME).write_text(json.dumps(lock))
+    (out / lock_lib.LOCK_NAME).write_text(json.dumps(lock))
     with caplog.at_level("WARNING"):
         chute.convert(src, out, workers=1, **OPTIONS)
     assert "taking over the lock" in caplog.text
@@ -459,7 +460,7 @@ def test_the_lock_and_the_nothing_to_do_check_come_before_unpacking(src, tmp_pat
     real = tars.list_tar
     monkeypatch.setattr(tars, "list_tar", lambda *a, **k: unpacked.append(a) or real(*a, **k))
     assert chute.convert(archive, out, workers=1, **OPTIONS).already_done
-    with resume.locked(str(out)), pytest.raises(ChuteError, match="Another chute convert"):
+    with lock_lib.locked(str(out)), pytest.raises(ChuteError, match="Another chute convert"):
         chute.convert(archive, out, workers=1, overwrite=True, **OPTIONS)
     assert unpacked == []  # neither run unpacked the archive
     os.utime(archive, ns=(OLD_NS, OLD_NS))  # a changed archive is scanned, and named
@@ -502,7 +503,7 @@ def test_temporary_unpack_folders_go_on_sigterm_and_after_kill_9(tmp_path):
     assert list(scratch.iterdir()) == []  # SIGTERM: cleaned up on the way out
 
     # kill -9 cleans nothing: the folder left is named after OUT and a dead process
-    stale = scratch / f"{resume.scratch_prefix(str(out)).rsplit('-', 2)[0]}-999999999-x"
+    stale = scratch / f"{lock_lib.scratch_prefix(str(out)).rsplit('-', 2)[0]}-999999999-x"
     stale.mkdir()
     (stale / "data").write_bytes(b"x" * 1000)
     other = scratch / "chute-unpack-0123456789ab-999999999-x"  # another output's: kept
@@ -523,3 +524,72 @@ def test_an_archive_whose_name_is_not_utf8_converts_and_reruns(src, tmp_path):
     assert result.manifest.source["location"].endswith("caf\\xe9.tar")
     assert "caf\\xe9.tar" in (out / "source-files.csv").read_text(encoding="utf-8")
     assert chute.convert(archive, out, workers=1, **OPTIONS).already_done
+
+
+# -- the decision, as a table ---------------------------------------------------------------
+
+State, Action = resume.FolderState, resume.Action
+
+
+@pytest.mark.parametrize(
+    ("state", "same", "overwrite", "action"),
+    [
+        (State.NEW, False, False, Action.START),
+        (State.NEW, False, True, Action.START),
+        (State.EMPTY, False, False, Action.REPLACE),  # a lone rejects.csv goes
+        (State.FOREIGN, False, False, Action.REFUSE_FOREIGN),
+        (State.FOREIGN, False, True, Action.REPLACE),  # chute's names only
+        (State.FINISHED, True, False, Action.KEEP),
+        (State.FINISHED, False, False, Action.REFUSE),
+        (State.FINISHED, True, True, Action.REPLACE),
+        (State.FINISHED, False, True, Action.REPLACE),
+        (State.INTERRUPTED, True, False, Action.RESUME),
+        (State.INTERRUPTED, False, False, Action.REFUSE),
+        (State.INTERRUPTED, True, True, Action.REPLACE),
+        (State.INTERRUPTED, False, True, Action.REPLACE),
+    ],
+)
+def test_one_decision_over_state_same_conversion_and_overwrite(state, same, overwrite, action):
+    assert resume.decide(state, same, overwrite) is action
+
+
+def test_the_folder_is_classified_once_by_what_it_holds(tmp_path):
+    out = tmp_path / "out"
+    assert resume.read_folder(str(out)).state is State.NEW
+    out.mkdir()
+    assert resume.read_folder(str(out)).state is State.EMPTY
+    (out / resume.REJECTS_NAME).write_text("key,reason\n")
+    (out / lock_lib.LOCK_NAME).write_text("{}")
+    assert resume.read_folder(str(out)).state is State.EMPTY  # a refused run's leftovers
+    (out / "notes.txt").write_text("mine")
+    assert resume.read_folder(str(out)).state is State.FOREIGN
+    (out / resume.WORK_DIR).mkdir()
+    (out / resume.WORK_DIR / "plan.json").write_text('{"source": "src", "options": {}}')
+    interrupted = resume.read_folder(str(out))
+    assert interrupted.state is State.INTERRUPTED and interrupted.manifest is None
+    assert interrupted.holds == resume.Conversion.of("src/", {})  # spelled another way
+    with pytest.raises(ChuteError, match="`output` exists and is not a folder"):
+        resume.read_folder(str(out / "notes.txt"))
+
+
+def test_a_conversion_stamped_before_an_option_existed_had_its_default(tmp_path):
+    from chute.ingest.options import ConvertOptions
+
+    now = resume.Conversion.of("src", ConvertOptions().to_dict())
+    assert resume.Conversion.of("src", {}) == now
+    other = resume.Conversion.of(str(tmp_path / "other"), {"min_shards": 3})
+    assert now.changes_from(other) == [
+        f"source: {str(tmp_path / 'other')!r} -> {os.path.abspath('src')!r}",
+        f"min_shards: 3 -> {ConvertOptions().min_shards!r}",
+    ]
+
+
+def test_rejects_csv_quotes_only_what_needs_it(tmp_path):
+    rejects = [
+        {"key": "a/plain.png", "reason": "not an image"},
+        {"key": 'b/comma, "quoted".png', "reason": "line\nbreak"},
+    ]
+    resume.write_rejects(str(tmp_path), rejects)
+    assert (tmp_path / resume.REJECTS_NAME).read_bytes() == (
+        b'key,reason\na/plain.png,not an image\n"b/comma, ""quoted"".png","line\nbreak"\n'
+    )

@@ -934,3 +934,55 @@ def test_names_that_are_not_utf8_are_escaped_keys_end_to_end(tmp_path):
     for name in ("train-00000-of-00001.tfrecord", "rejects.csv", "source-files.csv"):
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "again" / name).read_bytes()
     assert chute.convert(src, tmp_path / "out", workers=1).already_done
+
+
+# -- one table of kinds, one class per payload ----------------------------------------------
+
+
+def test_one_table_decides_the_kind_for_the_scan_and_for_the_files(tmp_path):
+    """What a source is read from (known before scanning, for a re-run's check) and how
+    it is scanned come from the same row: each kind's class, and the files it lists."""
+    import tarfile
+
+    folder = make_folder(tmp_path / "folder", {"a": 2, "b": 2}, size=(4, 4))
+    (tmp_path / "list.csv").write_text("path,label\nfolder/a/0.png,a\nfolder/b/0.png,b\n")
+    np.savez(tmp_path / "arrays.npz", x=np.zeros((2, 3, 3), np.uint8), y=np.array([0, 1]))
+    with tarfile.open(tmp_path / "tree.tar", "w") as packed:
+        packed.add(folder, arcname="tree")
+    cases = [  # (source, its class, its files before any scan)
+        (folder, sources.FileSource, None),
+        (tmp_path / "list.csv", sources.FileSource, None),
+        (tmp_path / "arrays.npz", sources.ArraySource, [str(tmp_path / "arrays.npz")]),
+        (tmp_path / "tree.tar", sources.MemberSource, [str(tmp_path / "tree.tar")]),
+    ]
+    for source, kind, files in cases:
+        assert sources.container_files(str(source)) == files, source
+        with sources.scan(str(source)) as found:
+            assert type(found) is kind, source
+            listed = [key for key, *_ in found.listing()]
+            assert listed == (files or sorted(item.key for item in found.items)), source
+    assert sources.container_files(str(tmp_path / "missing.npz")) is None
+    assert sources.container_files("keras:mnist") is None  # a download: nothing to stat
+
+
+def test_each_kind_gives_its_own_payload(tmp_path):
+    items = [
+        sources.Item("a/0.png", 0, None, "/data/a/0.png"),
+        sources.Item("x", 1, "test", None, 1),
+    ]
+    files = sources.FileSource("folder", "/data", ["a"], items[:1])
+    assert files.payload(items[0]) == "/data/a/0.png"
+    pixels = np.arange(8, dtype=np.uint8).reshape(2, 2, 2)
+    arrays = sources.ArraySource(
+        "keras", "keras:mnist", ["a", "b"], items[1:], arrays={"test": pixels}
+    )
+    np.testing.assert_array_equal(arrays.payload(items[1]), pixels[1])
+    assert arrays.listing() == [("keras:mnist", -1, -1)]  # Keras's cache: the name stands
+    scratch = tmp_path / "unpacked"
+    scratch.mkdir()
+    members = sources.MemberSource("tar", "t.tar", ["b"], items[1:], members=["m0", "m1"],
+                                   temp_dir=str(scratch))  # fmt: skip
+    assert members.payload(items[1]) == "m1"
+    with members:
+        pass
+    assert not scratch.exists()  # closing deletes what the source was unpacked to

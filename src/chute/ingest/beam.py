@@ -130,9 +130,11 @@ class BeamJob:
 
     def check_source(self, found: Any) -> None:
         """Refuses a scanned source whose images Beam's workers could not read."""
-        if found.members:
+        from chute.ingest.sources import FileSource, MemberSource
+
+        if isinstance(found, MemberSource):
             raise self._archive(found.location)
-        if found.items[0].path is None:
+        if not isinstance(found, FileSource):  # pixel arrays: nothing for a worker to read
             raise ChuteError(
                 "`runner` converts image files (a folder, or a CSV/JSONL list of paths); an "
                 "array source converts in seconds without it. Received: "

@@ -41,7 +41,7 @@ from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.spec import ImageSpec
 from chute.image.header import Probe
-from chute.ingest import layout, resume, sources, writer
+from chute.ingest import layout, lock, resume, sources, writer
 from chute.ingest import workers as worker_pool
 from chute.ingest.encode import Encoded
 from chute.ingest.options import ConvertOptions
@@ -80,7 +80,7 @@ class ConvertResult:
     @property
     def num_written(self) -> dict[str, int]:
         """Records per split."""
-        return {name: split["num_examples"] for name, split in self.manifest.splits.items()}
+        return {name: split.examples for name, split in self.manifest.splits.items()}
 
     @property
     def num_rejected(self) -> int:
@@ -157,17 +157,17 @@ def convert(
         stack.enter_context(collector.paused())
         stack.enter_context(_terminated_as_exit())  # SIGTERM unwinds: temporary files go
         # the lock and the "nothing to do" check come before any scan, which may unpack
-        stack.enter_context(resume.locked(output))
+        stack.enter_context(lock.locked(output))
         done = None if overwrite else resume.finished_before_scan(
             source, output, options, sources.container_files(source)
         )  # fmt: skip
         if done is None:
-            resume.remove_stale_scratch(output)
+            lock.remove_stale_scratch(output)
             # closing the source deletes what a compressed tar was unpacked to
             found = stack.enter_context(_scan(source, output, options, allow_outside, progress))
             if beam is not None:
                 beam.check_source(found)
-            files = resume.listing(found)
+            files = found.listing()
             done = resume.existing_state(source, output, options, overwrite, files)
         if done is not None:
             log.info("%s already holds this conversion; nothing to do", output)
@@ -253,7 +253,7 @@ def _scan(
     """The source's items and class names, once ``output`` is known to be writable; what
     a compressed tar or Parquet files are unpacked to is named after ``output``."""
     storage.check_output(output, "output")
-    with scratch_named(resume.scratch_prefix(output)):
+    with scratch_named(lock.scratch_prefix(output)):
         found = sources.scan(
             source,
             allow_outside=allow_outside,
@@ -315,7 +315,7 @@ def _crashed(function: str, task: tuple, code: int) -> list:
 class _Plan:
     """What a conversion writes, fixed before any image is encoded."""
 
-    source: str  # as the user named it, normalised (resume.source_identity)
+    source: str  # as the user named it, normalised (sources.source_identity)
     found: sources.Source
     options: ConvertOptions
     output: str
@@ -363,7 +363,7 @@ def _plan(
         step = max(1, len(found.items) // _SIZE_SAMPLE)  # enough to estimate shard sizes
         probes = _probe(found, everything[::step], options, pool, None)
     shards = layout.plan_shards(split.indices, layout.bytes_per_record(spec, probes or []), options)
-    return _Plan(resume.source_identity(source), found, options, output, spec, shards, rejects)
+    return _Plan(sources.source_identity(source), found, options, output, spec, shards, rejects)
 
 
 def _why_no_images(
@@ -579,7 +579,7 @@ def _finish(
     log.info(
         "wrote %s: %s; %d rejected, %d duplicate groups",
         plan.output,
-        ", ".join(f"{k} {v['num_examples']}" for k, v in manifest.splits.items()),
+        ", ".join(f"{k} {v.examples}" for k, v in manifest.splits.items()),
         len(manifest.rejects),
         len(manifest.duplicates),
     )
@@ -614,28 +614,19 @@ def _manifest(plan: _Plan, written: _Tally) -> manifest_lib.Manifest:
     )
 
 
-def _splits(infos: dict[str, dict], num_classes: int) -> dict[str, dict]:
+def _splits(infos: dict[str, dict], num_classes: int) -> dict[str, manifest_lib.Split]:
     """The manifest's splits: record and class counts, and shards, from each shard's entry."""
-    splits: dict[str, dict] = {}
+    shards: dict[str, list[manifest_lib.Shard]] = {}
     for info in infos.values():
-        split = splits.setdefault(
-            info.pop("split"),
-            {"num_examples": 0, "class_counts": [0] * num_classes, "shards": []},
-        )
-        split["num_examples"] += info["num_records"]
-        shard_counts = manifest_lib.dense_counts(info["class_counts"], num_classes)
-        split["class_counts"] = [
-            a + b for a, b in zip(split["class_counts"], shard_counts, strict=True)
-        ]
-        split["shards"].append(info)
-    return splits
+        shards.setdefault(info.pop("split"), []).append(manifest_lib.Shard.from_dict(info))
+    return {name: manifest_lib.Split.of(found, num_classes) for name, found in shards.items()}
 
 
-def _warnings(class_names: list[str], splits: dict[str, dict]) -> list[str]:
+def _warnings(class_names: list[str], splits: dict[str, manifest_lib.Split]) -> list[str]:
     """What the manifest warns of: classes that lost every training image."""
     empty = [
         name
-        for name, count in zip(class_names, splits["train"]["class_counts"], strict=True)
+        for name, count in zip(class_names, splits["train"].class_counts, strict=True)
         if count == 0
     ]
     if not empty:  # kept and reported: the shards are good, the class is not learnable

@@ -31,8 +31,10 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from chute.errors import ChuteError
 from chute.format import index as record_index
 from chute.format import manifest, storage
+from chute.format.splits import IndexEntry
 from chute.ingest.layout import split_of
 
 log = logging.getLogger(__name__)
@@ -138,20 +140,24 @@ def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | No
     index_path = record_index.index_path(output, record_index.index_name(name))
     if "index" not in info or not storage.exists(index_path):
         return None
-    if storage.size(shard) != info["bytes"]:
+    try:
+        entry = manifest.Shard.from_dict(info, note_path(output, name))
+    except ChuteError:  # a note not as written is no proof of the shard: write it again
         return None
-    if storage.size(index_path) != record_index.size_for(info["num_records"]):
+    if entry.index is None or storage.size(shard) != entry.bytes:
+        return None
+    if storage.size(index_path) != record_index.size_for(entry.records):
         return None
     if not check_sha256:
         return info
-    if record_index.sha256(storage.read_bytes(index_path)) != info["index"]["sha256"]:
+    if record_index.sha256(storage.read_bytes(index_path)) != entry.index.sha256:
         log.warning("%s differs from what was written (sha256): writing it again", index_path)
         return None
     digest = hashlib.sha256()
     with storage.open_file(shard, "rb") as handle:
         while block := handle.read(8 << 20):
             digest.update(block)
-    if digest.hexdigest() != info["sha256"]:
+    if digest.hexdigest() != entry.sha256:
         log.warning("%s differs from what was written (sha256): writing it again", name)
         return None
     return info
@@ -243,5 +249,7 @@ class ShardWriter:
             "bytes": self._bytes,
             "sha256": self._hash.hexdigest(),
             "class_counts": manifest.sparse_counts(self._class_counts),
-            "index": record_index.entry(name, index),
+            "index": IndexEntry(
+                record_index.index_name(name), record_index.sha256(index)
+            ).to_dict(),
         }

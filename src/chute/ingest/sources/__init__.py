@@ -21,8 +21,10 @@ Recognised sources (see :func:`scan`):
   repository cloned, or one ``.parquet`` file), or ``hf:OWNER/NAME[:CONFIG]``
   downloaded from the Hub (see :mod:`.parquet`).
 
-One module per kind; :mod:`.base` holds what they share (a leaf), and
-:func:`scan` picks the kind from a table of ``(recognises, scanner)`` rows.
+One module per kind; :mod:`.base` holds what they share (a leaf): the
+:class:`Source` protocol and its three classes (image files, pixel arrays,
+members of container files). One table (``_KINDS``) decides a source's kind,
+both for :func:`scan` and for :func:`container_files`.
 Whatever the kind, :func:`scan` makes keys, reject reasons and class names
 text (:func:`chute.image.files.text_key`): a name that is not UTF-8 keeps its bytes as
 ``\\xNN`` in them, while its file is read through its real path.
@@ -39,18 +41,30 @@ from chute.format import storage
 from chute.image.files import IMAGE_EXTENSIONS, image_files, text_key
 from chute.image.size import DEFAULT_MAX_PIXELS
 from chute.ingest.sources import archives, arrays, lists, parquet, tars, webdataset
-from chute.ingest.sources.base import SPLITS, Item, ProgressFn, Source
+from chute.ingest.sources.base import (
+    SPLITS,
+    ArraySource,
+    FileSource,
+    Item,
+    MemberSource,
+    ProgressFn,
+    Source,
+)
 from chute.ingest.sources.folder import scan_folder
 from chute.ingest.sources.members import TAR, ZIP
 
 __all__ = [
     "IMAGE_EXTENSIONS",
     "SPLITS",
+    "ArraySource",
+    "FileSource",
     "Item",
+    "MemberSource",
     "Source",
     "container_files",
     "image_files",
     "scan",
+    "source_identity",
     "text_key",
 ]
 
@@ -116,21 +130,52 @@ def _ends(*suffixes: str) -> Callable[[str], bool]:
     return lambda source: source.lower().endswith(suffixes)
 
 
-# (recognises, must exist, scanner), tried in order: the first that recognises the source scans it.
-_KINDS: list[tuple[Callable[[str], bool], bool, Callable[[str, _Request], Source]]] = [
-    (lambda s: s.startswith("hf:"), False, lambda s, r: _scan_parquet(parquet.download(s), r)),
-    (lambda s: s.startswith("keras:"), False, lambda s, r: arrays.scan_keras(s)),
-    (
+def _itself(source: str) -> list[str]:
+    return [source]
+
+
+class _Kind(NamedTuple):
+    """A row of the table of kinds."""
+
+    recognises: Callable[[str], bool]
+    must_exist: bool  # recognised by name: a missing file is "does not exist", not "unknown"
+    scan: Callable[[str, _Request], Source]
+    # the files it is read from, known without scanning (a re-run compares their size and
+    # time before unpacking anything); None: its items must be listed, or downloaded
+    files: Callable[[str], list[str]] | None = None
+
+
+# Tried in order: the first row that recognises a source decides its kind. Order matters:
+# hf:/keras: names and patterns are not paths; Parquet folders before class folders; a
+# folder named like a file (data.npz/) is a folder.
+_KINDS: list[_Kind] = [
+    _Kind(lambda s: s.startswith("hf:"), False, lambda s, r: _scan_parquet(parquet.download(s), r)),
+    _Kind(lambda s: s.startswith("keras:"), False, lambda s, r: arrays.scan_keras(s)),
+    _Kind(
         _is_pattern,
         False,
         lambda s, r: webdataset.scan_pattern(s, max_pixels=r.max_pixels, progress=r.progress),
+        webdataset.shard_paths,
     ),
-    (lambda s: storage.exists(s) and parquet.is_parquet_source(s), True, _scan_parquet),
-    (lambda s: storage.exists(s) and storage.isdir(s), True, lambda s, r: scan_folder(s)),
-    (_ends(".csv", ".jsonl"), True, lambda s, r: lists.scan_list(s, allow_outside=r.allow_outside)),
-    (_ends(".npz"), True, lambda s, r: arrays.scan_npz(s)),
-    (archives.is_archive, True, _scan_archive),
+    _Kind(
+        lambda s: storage.exists(s) and parquet.is_parquet_source(s),
+        True,
+        _scan_parquet,
+        parquet.files_of,
+    ),
+    _Kind(lambda s: storage.exists(s) and storage.isdir(s), True, lambda s, r: scan_folder(s)),
+    _Kind(
+        _ends(".csv", ".jsonl"),
+        True,
+        lambda s, r: lists.scan_list(s, allow_outside=r.allow_outside),
+    ),
+    _Kind(_ends(".npz"), True, lambda s, r: arrays.scan_npz(s), _itself),
+    _Kind(archives.is_archive, True, _scan_archive, _itself),
 ]
+
+
+def _kind_of(source: str) -> _Kind | None:
+    return next((kind for kind in _KINDS if kind.recognises(source)), None)
 
 
 def scan(
@@ -175,13 +220,8 @@ def scan(
     source = os.fspath(source)
     columns = {"image_column": image_column, "label_column": label_column}
     request = _Request(allow_outside, max_pixels, progress, columns)
-    for recognises, must_exist, scanner in _KINDS:
-        if recognises(source):
-            if must_exist and not storage.exists(source):
-                raise ChuteError(f"`source` does not exist. Received: source={source!r}")
-            found = scanner(source, request)
-            break
-    else:
+    kind = _kind_of(source)
+    if kind is None:
         if not storage.exists(source):
             raise ChuteError(f"`source` does not exist. Received: source={source!r}")
         raise ChuteError(
@@ -190,6 +230,9 @@ def scan(
             f"or one of {sorted('keras:' + k for k in arrays.KERAS_CLASS_NAMES)}. "
             f"Received: source={source!r}"
         )
+    if kind.must_exist and not storage.exists(source):
+        raise ChuteError(f"`source` does not exist. Received: source={source!r}")
+    found = kind.scan(source, request)
     _escape_names(found)
     given = [f"{name}={value!r}" for name, value in columns.items() if value is not None]
     if given and found.kind != "parquet":
@@ -222,17 +265,31 @@ def container_files(source: str | os.PathLike) -> list[str] | None:
         True
     """
     source = os.fspath(source)
-    if source.startswith(("hf:", "keras:")):
-        return None
     try:
-        if _is_pattern(source):
-            return webdataset.shard_paths(source)
-        if not storage.exists(source):
+        kind = _kind_of(source)
+        if kind is None or kind.files is None or (kind.must_exist and not storage.exists(source)):
             return None
-        if parquet.is_parquet_source(source):
-            return parquet.files_of(source)
-        if not storage.isdir(source) and source.lower().endswith((".npz", *archives.SUFFIXES)):
-            return [source]
+        return kind.files(source)
     except ChuteError:
         return None  # the scan reports it
-    return None
+
+
+def source_identity(source: str | os.PathLike) -> str:
+    """A source as the user named it, normalised, so that a re-run or resume recognises
+    it however it is spelled: a local path made absolute (``src``, ``src/``,
+    ``./src`` and ``/abs/src`` are one), a remote one without a trailing ``/``;
+    ``hf:`` and ``keras:`` names as they are (never the folder a download went to);
+    a name that is not UTF-8 escaped as keys are (:func:`text_key`).
+
+    Example:
+        >>> source_identity("hf:AI-Lab-Makerere/beans"), source_identity("gs://b/imgs/")
+        ('hf:AI-Lab-Makerere/beans', 'gs://b/imgs')
+        >>> source_identity("data/../src/") == os.path.abspath("src")
+        True
+    """
+    source = os.fspath(source).strip()
+    if source.startswith(("hf:", "keras:")):
+        return source
+    if storage.is_local(source):
+        return text_key(os.path.abspath(storage.local_path(source)))
+    return text_key(source.rstrip("/") or source)

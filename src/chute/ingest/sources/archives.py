@@ -49,6 +49,7 @@ from chute.ingest.sources.base import (
     LABEL_EXTENSIONS,
     LITTER,
     Item,
+    MemberSource,
     Source,
     class_layout,
     visible_folders,
@@ -183,7 +184,7 @@ def tree_source(kind: str, path: str, listing: Listing) -> Source:
                     continue
                 items.append(Item(key, label_of[class_name], split, None, len(found_members)))
                 found_members.append(entry.member)
-    return Source(
+    return MemberSource(
         kind,
         path,
         layout.classes,

@@ -16,7 +16,7 @@ import numpy as np
 
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.ingest.sources.base import SPLITS, Item, Source
+from chute.ingest.sources.base import SPLITS, ArraySource, Item, Source
 from chute.lazy import keras
 
 KERAS_CLASS_NAMES = {
@@ -65,6 +65,7 @@ def _array_source(
     location: str,
     splits: dict[str, tuple[np.ndarray, np.ndarray]],
     class_names: list[str] | None,
+    containers: list[str],
 ) -> Source:
     arrays: dict[str, np.ndarray] = {}
     items: list[Item] = []
@@ -107,7 +108,15 @@ def _array_source(
             f"`y` has label {max_label} but only {len(class_names)} class names were given "
             f"in {location}"
         )
-    return Source(kind, location, list(class_names), items, presplit=presplit, arrays=arrays)
+    return ArraySource(
+        kind,
+        location,
+        list(class_names),
+        items,
+        presplit=presplit,
+        arrays=arrays,
+        containers=containers,
+    )
 
 
 def scan_npz(path: str) -> Source:
@@ -129,7 +138,7 @@ def scan_npz(path: str) -> Source:
             f"optional 'x_val'/'y_val', 'x_test'/'y_test'). Received: {path!r} holds "
             f"{sorted(keys)}"
         )
-    return _array_source("npz", path, splits, names)
+    return _array_source("npz", path, splits, names, [path])
 
 
 def scan_keras(source: str) -> Source:
@@ -150,6 +159,7 @@ def scan_keras(source: str) -> Source:
         source,
         {"train": (x_train, y_train), "test": (x_test, y_test)},
         KERAS_CLASS_NAMES[name],
+        [],  # Keras's download cache: no file of the user's to watch
     )
 
 

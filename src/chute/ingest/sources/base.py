@@ -1,4 +1,9 @@
-"""What every source kind shares: items, the scanned source, names and the class-folder rule.
+"""What every source kind shares: items, the :class:`Source` protocol, names and the
+class-folder rule.
+
+A scanned source is one of three small classes behind the protocol, by where its
+images' bytes come from: :class:`FileSource` (files), :class:`ArraySource`
+(pixel arrays), :class:`MemberSource` (members of archives or Parquet files).
 
 A leaf: the kinds (:mod:`.folder`, :mod:`.lists`, :mod:`.arrays`,
 :mod:`.archives`, :mod:`.tars`, :mod:`.webdataset`, :mod:`.parquet`) import it,
@@ -11,15 +16,18 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from chute.errors import ChuteError
+from chute.format import storage
+from chute.image.files import text_key
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +41,9 @@ ProgressFn = Callable[[str, int, int], None]  # progress(stage, done, total)
 class Item(NamedTuple):
     """One image to convert.
 
-    ``path`` is set for file sources; ``index`` is the row of
-    ``Source.arrays[split]`` for array sources, or of ``Source.members`` for
-    archives (-1 for files).
+    ``path`` is set for files (folders, lists); ``index`` is the item's row in the
+    arrays of an :class:`ArraySource` or the members of a :class:`MemberSource`
+    (-1 for files).
     """
 
     key: str
@@ -45,25 +53,102 @@ class Item(NamedTuple):
     index: int = -1
 
 
-@dataclasses.dataclass
-class Source:
-    """A scanned source: class names in label order and the items.
+ListingRow = tuple[str, int, int]  # (key, size, modification time in ns), -1 where unknown
 
-    ``rejects`` are inputs refused while scanning, each ``{"key", "reason"}``: a
-    list row naming a file again, an archive member with an unsafe name, a
-    WebDataset sample without a label. ``containers`` are the archive files an
-    archive source reads (what tells a re-run that it changed). ``temp_dir``, if
-    set, holds what a compressed tar was unpacked to: :meth:`close` (or the
-    garbage collector) deletes it.
+
+class Source(Protocol):
+    """A scanned source, whatever its kind: class names in label order and the items.
+
+    ``kind`` names the source as the manifest records it (``folder``, ``csv``,
+    ``zip``, ``webdataset``, ...); ``rejects`` are inputs refused while scanning,
+    each ``{"key", "reason"}``. The kinds differ only in where an item's bytes come
+    from (:meth:`payload`) and which files tell a re-run that the source changed
+    (:meth:`listing`): :class:`FileSource`, :class:`ArraySource`,
+    :class:`MemberSource`.
     """
 
     kind: str
     location: str
     class_names: list[str]
     items: list[Item]
+    presplit: bool
+    rejects: list[dict]
+
+    def payload(self, item: Item) -> Any:
+        """What a worker needs to read the item: a path, an archive member, or its pixels."""
+
+    def listing(self) -> list[ListingRow]:
+        """Each source file's ``(key, size, modification time in ns)``, sorted: what
+        ``source-files.csv`` keeps for a re-run to compare with."""
+
+    def close(self) -> None:
+        """Deletes what the source was unpacked to, if anything."""
+
+    def __enter__(self) -> Source: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@dataclasses.dataclass
+class _Scanned:
+    """The fields and the context manager every kind shares (not frozen: the scan
+    rewrites keys and names as text once the kind has listed them)."""
+
+    kind: str
+    location: str
+    class_names: list[str]
+    items: list[Item]
     presplit: bool = False
-    arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     rejects: list[dict] = dataclasses.field(default_factory=list)
+
+    def close(self) -> None:
+        """Nothing to delete: only a :class:`MemberSource` unpacks anything."""
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclasses.dataclass
+class FileSource(_Scanned):
+    """Image files (a folder of classes, a CSV/JSONL list): each item is a path."""
+
+    def payload(self, item: Item) -> Any:
+        return item.path
+
+    def listing(self) -> list[ListingRow]:
+        # one row per image file: a resumed run rewrites only the shards holding a changed one
+        return sorted((item.key, *stat_row(item.path)[1:]) for item in self.items)
+
+
+@dataclasses.dataclass
+class ArraySource(_Scanned):
+    """Pixel arrays (a ``.npz`` file, ``keras:NAME``): each item is a row of its split's
+    array. ``containers`` is the ``.npz`` file, none for ``keras:`` (a download)."""
+
+    arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    containers: list[str] = dataclasses.field(default_factory=list)
+
+    def payload(self, item: Item) -> Any:
+        return self.arrays[item.split or "train"][item.index]
+
+    def listing(self) -> list[ListingRow]:
+        if self.containers:
+            return sorted(stat_row(path) for path in self.containers)
+        # keras.datasets: Keras's own cache, nothing to stat; the name stands for the data
+        return [(text_key(self.location), -1, -1)]
+
+
+@dataclasses.dataclass
+class MemberSource(_Scanned):
+    """Images inside container files (zip or tar archives, WebDataset shards, Parquet
+    files): each item is an archive member. ``containers`` are the files read (what
+    tells a re-run that the source changed); ``temp_dir``, if set, holds what a
+    compressed tar or Parquet files were unpacked to: :meth:`close` (or the garbage
+    collector) deletes it."""
+
     members: list[Any] = dataclasses.field(default_factory=list)  # archive Members
     containers: list[str] = dataclasses.field(default_factory=list)
     temp_dir: str | None = None
@@ -71,26 +156,32 @@ class Source:
     def __post_init__(self) -> None:
         self._cleanup = None
         if self.temp_dir is not None:
+            # a finalizer, not __del__: it runs once, even at exit with the source still alive
             self._cleanup = weakref.finalize(self, shutil.rmtree, self.temp_dir, True)
 
     def payload(self, item: Item) -> Any:
-        """What a worker needs to read the item: a path, an archive member, or its pixels."""
-        if item.path is not None:
-            return item.path
-        if self.members:
-            return self.members[item.index]
-        return self.arrays[item.split or "train"][item.index]
+        return self.members[item.index]
+
+    def listing(self) -> list[ListingRow]:
+        # the members are not files of their own: a changed container changes them all
+        return sorted(stat_row(path) for path in self.containers)
 
     def close(self) -> None:
         """Deletes the temporary files of the source (a compressed tar's unpacked data)."""
         if self._cleanup is not None:
             self._cleanup()
 
-    def __enter__(self) -> Source:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def stat_row(path: str) -> ListingRow:
+    """``(path, size, modification time in ns)`` of a file (-1 where not known cheaply:
+    stat-ing every object of a bucket would cost a request each); the path as a key (a
+    name that is not UTF-8 escaped, see :func:`~chute.image.files.text_key`)."""
+    size, mtime = -1, -1
+    if storage.is_local(path):
+        with contextlib.suppress(OSError):
+            stat = os.stat(storage.local_path(path))
+            size, mtime = stat.st_size, stat.st_mtime_ns
+    return text_key(path), size, mtime
 
 
 def visible_folders(names: Iterable[str], where: str) -> list[str]:

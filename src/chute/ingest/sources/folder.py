@@ -12,7 +12,7 @@ import os
 
 from chute.format import storage
 from chute.image.files import image_files
-from chute.ingest.sources.base import Item, Source, class_layout, visible_folders
+from chute.ingest.sources.base import FileSource, Item, Source, class_layout, visible_folders
 
 log = logging.getLogger(__name__)
 
@@ -53,4 +53,4 @@ def scan_folder(root: str) -> Source:
                     )
                 )
     kind = "split-folder" if layout.presplit else "folder"
-    return Source(kind, root, layout.classes, items, presplit=layout.presplit)
+    return FileSource(kind, root, layout.classes, items, presplit=layout.presplit)

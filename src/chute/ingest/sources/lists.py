@@ -14,7 +14,13 @@ import posixpath
 
 from chute.errors import ChuteError
 from chute.format import storage
-from chute.ingest.sources.base import SPLIT_ALIASES, Item, Source, class_names_of
+from chute.ingest.sources.base import (
+    SPLIT_ALIASES,
+    FileSource,
+    Item,
+    Source,
+    class_names_of,
+)
 
 
 def scan_list(path: str, *, allow_outside: bool) -> Source:
@@ -104,7 +110,7 @@ def scan_list(path: str, *, allow_outside: bool) -> Source:
         items.append(Item(rel, label_of[label], split_name, resolved))
     items.sort(key=lambda item: (item.split or "", item.key))
     kind = "jsonl" if path.lower().endswith(".jsonl") else "csv"
-    return Source(kind, path, class_names, items, presplit=presplit, rejects=repeats)
+    return FileSource(kind, path, class_names, items, presplit=presplit, rejects=repeats)
 
 
 def _first_of_each_file(

@@ -43,6 +43,7 @@ from chute.ingest.sources import members as members_lib
 from chute.ingest.sources.base import (
     SPLIT_ALIASES,
     Item,
+    MemberSource,
     Source,
     class_names_of,
     make_scratch_dir,
@@ -378,7 +379,7 @@ def _source(source, files, rows, named, presplit: bool, temp_dir: str) -> Source
         len(files),
         ", split by file name" if presplit else "",
     )
-    return Source(
+    return MemberSource(
         kind="parquet",
         location=source,
         class_names=class_names,

@@ -44,6 +44,7 @@ from chute.ingest.sources.base import (
     LABEL_EXTENSIONS,
     LITTER,
     Item,
+    MemberSource,
     ProgressFn,
     Source,
     class_names_of,
@@ -236,7 +237,7 @@ def samples_source(
     class_names = class_names_of([label for _, label, _ in pending])
     label_of = {name: i for i, name in enumerate(class_names)}
     items = [Item(key, label_of[label], None, None, i) for i, (key, label, _) in enumerate(pending)]
-    return Source(
+    return MemberSource(
         "webdataset",
         location,
         class_names,
