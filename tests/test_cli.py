@@ -215,3 +215,18 @@ def test_train_help_says_what_the_seed_is_for():
     text = _help("train")
     assert "--seed N seeds Keras, the data order and augmentation, whichever --engine reads " \
         "(default: 1337)" in text  # fmt: skip
+
+
+def test_index_refuses_a_folder_of_images_as_verify_does(tmp_path, capsys):
+    images = make_folder(tmp_path / "images", {"cat": 2, "dog": 2})
+    assert cli.main(["index", str(images), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "a folder of images" in error and f"chute index {images}-shards" in error
+
+
+def test_progress_bars_are_closed_when_a_command_fails(monkeypatch):
+    closed = []
+    monkeypatch.setattr(cli._Bars, "close", lambda bars: closed.append(bars.enabled))
+    with pytest.raises(chute.ChuteError), cli._progress_bars(None):  # stderr: no terminal
+        raise chute.ChuteError("a bad shard")
+    assert closed == [False]

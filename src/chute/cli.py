@@ -14,13 +14,15 @@ is instant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import shlex
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any
 
 from chute import __version__
 from chute.errors import ChuteError
@@ -77,7 +79,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"chute {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # the order `chute --help` lists them in: a dataset's life, then the tools around it
+    _add_convert(commands)
+    _add_inspect(commands)
+    _add_verify(commands)
+    _add_index(commands)
+    _add_train(commands)
+    _add_evaluate(commands)
+    _add_predict(commands)
+    _add_export(commands)
+    _add_bench(commands)
+    _add_data_service(commands)
+    _add_demo(commands)
+    return parser
 
+
+def _add_convert(commands) -> None:
     convert = commands.add_parser(
         "convert",
         help="convert an image dataset into TFRecord shards with a manifest",
@@ -114,18 +131,24 @@ def _parser() -> argparse.ArgumentParser:
         "(--project=P --region=R --temp_location=gs://... --requirements_file=FILE)",
     )
 
+
+def _add_inspect(commands) -> None:
     inspect = commands.add_parser("inspect", help="summarise a converted dataset")
     inspect.add_argument("path", metavar="OUT")
     inspect.add_argument("--grid", metavar="FILE.png", help="also draw sample images per class")
     inspect.add_argument("--split", default="train", help="split for --grid (default train)")
     inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
+
+def _add_verify(commands) -> None:
     verify = commands.add_parser(
         "verify", help="re-read every shard and check it against the manifest"
     )
     verify.add_argument("path", metavar="OUT")
     verify.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
+
+def _add_index(commands) -> None:
     index = commands.add_parser(
         "index",
         help="add record indexes (random access) to a dataset converted without them",
@@ -136,6 +159,8 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("path", metavar="OUT")
     index.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
 
+
+def _add_train(commands) -> None:
     train = commands.add_parser("train", help="train a Keras model on converted shards")
     train.add_argument(
         "data", metavar="DATA", help="a folder written by chute convert (not the images)"
@@ -157,12 +182,16 @@ def _parser() -> argparse.ArgumentParser:
         "else one line per epoch, for a log file)",
     )
 
+
+def _add_evaluate(commands) -> None:
     evaluate = commands.add_parser("evaluate", help="loss, accuracy, top-5, per-class, confusion")
     evaluate.add_argument("model", metavar="RUN_OR_MODEL")
     evaluate.add_argument("data", metavar="DATA")
     evaluate.add_argument("--split", default="val")
     evaluate.add_argument("--out", metavar="DIR", help="write the reports here (default: none)")
 
+
+def _add_predict(commands) -> None:
     predict = commands.add_parser(
         "predict",
         help="classify image files (on the CPU)",
@@ -176,12 +205,6 @@ def _parser() -> argparse.ArgumentParser:
     output = predict.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true")
     output.add_argument("--csv", action="store_true")
-
-    _add_export(commands)
-    _add_bench(commands)
-    _add_data_service(commands)
-    _add_demo(commands)
-    return parser
 
 
 def _add_export(commands) -> None:
@@ -298,15 +321,22 @@ class _Bars:
             bar.close()
 
 
-def _progress_enabled(flag: bool | None) -> bool:
-    return sys.stderr.isatty() if flag is None else flag
+@contextlib.contextmanager
+def _progress_bars(flag: bool | None) -> Iterator[_Bars]:
+    """The bars of one command, closed however it ends (a bar left open garbles the
+    error printed after it); ``--progress`` unset: only when stderr is a terminal, so a
+    log file gets no carriage-return redraws."""
+    bars = _Bars(sys.stderr.isatty() if flag is None else flag)
+    try:
+        yield bars
+    finally:
+        bars.close()
 
 
 def _convert(args: argparse.Namespace) -> int:
     from chute.ingest.convert import convert
 
-    bars = _Bars(_progress_enabled(args.progress))
-    try:
+    with _progress_bars(args.progress) as bars:
         result = convert(
             args.source,
             args.output,
@@ -318,8 +348,6 @@ def _convert(args: argparse.Namespace) -> int:
             pipeline_args=args.pipeline_args if args.runner else None,
             **_given(args, ConvertOptions),
         )
-    finally:
-        bars.close()
     manifest = result.manifest
     if result.already_done:
         print(
@@ -335,7 +363,7 @@ def _convert(args: argparse.Namespace) -> int:
     )
     print(f"  {manifest.num_classes} classes, {manifest.image.describe()}")
     for name, split in manifest.splits.items():
-        print(f"  {name:<5} {split['num_examples']:>8} images in {len(split['shards'])} shard(s)")
+        print(f"  {name:<5} {split.examples:>8} images in {len(split.shards)} shard(s)")
     if result.resumed_shards:
         print(f"  resumed: {result.resumed_shards} shard(s) kept from the interrupted run")
     print(
@@ -417,16 +445,18 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _over_dataset(tool: Callable[..., Any], args: argparse.Namespace, command: str) -> Any:
+    """``tool(OUT, progress=bars)`` for the commands that read every shard of a converted
+    dataset once (verify, index), after refusing a folder of images in its place."""
+    _refuse_image_folder(args.path, "OUT", command)
+    with _progress_bars(args.progress) as bars:
+        return tool(args.path, progress=bars)
+
+
 def _verify(args: argparse.Namespace) -> int:
     from chute.tools.verify import verify
 
-    _refuse_image_folder(args.path, "OUT", "verify")
-
-    bars = _Bars(_progress_enabled(args.progress))
-    try:
-        report = verify(args.path, progress=bars)
-    finally:
-        bars.close()
+    report = _over_dataset(verify, args, "verify")
     if report.ok:
         print(
             f"ok: {report.num_shards} shards, {report.num_records} records match the manifest "
@@ -453,13 +483,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _index(args: argparse.Namespace) -> int:
     from chute.tools.index import index
 
-    _refuse_image_folder(args.path, "OUT", "index")
-
-    bars = _Bars(_progress_enabled(args.progress))
-    try:
-        report = index(args.path, progress=bars)
-    finally:
-        bars.close()
+    report = _over_dataset(index, args, "index")
     if report.moved:
         print(
             f"moved {len(report.moved)} record index(es) of {args.path} from beside the shards "
@@ -592,7 +616,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _data_service(args: argparse.Namespace) -> int:
-    from chute.read import service
+    from chute.read.tf import service
 
     if args.role == "dispatcher":
         server = service.serve_dispatcher(args.port, work_dir=args.work_dir)
