@@ -15,7 +15,6 @@ import logging
 import os
 import subprocess
 import sys
-import textwrap
 import types
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from chute import ChuteError, TrainConfig
 from chute.fit import backend as backend_lib
 from chute.fit import train as training
 from chute.fit import trainable
+from chute.fit.devices import Devices
 
 # The JAX stages share one child (XLA compiles, four trainings): minutes on 2 busy cores. The
 # module's tests run on one pytest-xdist worker (--dist loadfile).
@@ -67,13 +67,6 @@ def _run(args: list[str], folder: Path, *, env: dict[str, str], timeout: float =
     return stdout, stderr
 
 
-def _script(folder: Path, body: str) -> Path:
-    path = folder / "script.py"
-    folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(body))
-    return path
-
-
 @pytest.fixture(scope="module")
 def learnable(tmp_path_factory) -> Path:
     """3 classes x 24 grayscale 16x16 PNGs a small CNN tells apart in a few epochs (a
@@ -106,129 +99,7 @@ def _images(data: Path) -> list[str]:
 #   resumed:      a run killed after epoch 2 of 4 and resumed; its bundle predicted and exported
 #   fine-tuned:   a pretrained-backbone run, a head epoch then a fine-tuning one
 # A stage that fails is recorded with its traceback; only the tests reading it fail.
-
-JAX_RUNS = """
-    import contextlib, dataclasses, json, os, runpy, sys, time, traceback
-    from pathlib import Path
-
-    data, root, per_device = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    report = {"errors": {}, "seconds": {}}
-
-    @contextlib.contextmanager
-    def stage(name):
-        folder = root / name
-        folder.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        sys.stdout.flush(), sys.stderr.flush()
-        saved = os.dup(1), os.dup(2)
-        with open(folder / "out.txt", "w") as out, open(folder / "err.txt", "w") as err:
-            os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
-            try:
-                yield folder
-            except BaseException:  # SystemExit too: the stage failed, the others still run
-                report["errors"][name] = traceback.format_exc()
-            finally:
-                sys.stdout.flush(), sys.stderr.flush()
-                os.dup2(saved[0], 1), os.dup2(saved[1], 2)
-                os.close(saved[0]), os.close(saved[1])
-        report["seconds"][name] = round(time.perf_counter() - start, 1)
-        (root / "report.json").write_text(json.dumps(report))
-
-    def python_m_chute(*args):
-        sys.argv = ["chute", *map(str, args)]
-        try:
-            runpy.run_module("chute", run_name="__main__", alter_sys=True)
-            code = None
-        except SystemExit as done:
-            code = done.code
-        assert code in (0, None), f"chute {args[0]} exited {code}"
-
-    assert "keras" not in sys.modules and os.environ["KERAS_BACKEND"] == "tensorflow"
-    cli = root / "cli"
-    with stage("cli-train"):
-        python_m_chute(
-            "train", data, "--run-dir", cli / "run", "--backend", "jax", "--strategy", "cpu",
-            "--epochs", 5, "--batch-size", per_device, "--early-stopping", 1,
-            "--augment", "contrast,mixup", "--augment-on", "device",
-            "--class-weights", "balanced",
-        )
-    with stage("cli-evaluate"):
-        python_m_chute("evaluate", cli / "run", data, "--out", cli / "eval")
-
-    import keras
-    import numpy as np
-    import tensorflow as tf
-    from helpers import Killed, dying_epoch_timer
-    import chute
-    from chute.fit import train as training
-    from chute.fit.models import build_model
-    from chute.fit.trainable import backbone_of, with_augmentation
-    from chute.read.augment import DeviceAugmentation
-
-    with stage("seeds"):
-        with keras.distribution.DataParallel(devices=keras.distribution.list_devices()).scope():
-            inputs = keras.Input((8, 8, 1), dtype="uint8")
-            flat = keras.layers.Flatten()(keras.layers.Rescaling(1 / 255)(inputs))
-            model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(flat))
-            trainer = with_augmentation(model, DeviceAugmentation(["zoom", "mixup"], seed=1))
-            trainer.compile(optimizer="adam", loss="categorical_crossentropy")
-            seeds = [v for v in trainer.non_trainable_variables if "seed" in v.path]
-            before = [np.asarray(v.value).tolist() for v in seeds]
-            images = np.random.default_rng(0).integers(0, 256, (24, 8, 8, 1), dtype=np.uint8)
-            labels = np.eye(2)[np.arange(24) % 2]
-            trainer.fit(images, labels, batch_size=8, epochs=1, verbose=0)  # 3 steps
-            after = [np.asarray(v.value).tolist() for v in seeds]
-        report["seeds"] = {"before": before, "after": after}
-
-    images = sorted(str(p) for p in (data.parent / "src").rglob("*.png"))
-    with stage("resumed") as folder:
-        run = folder / "run"
-        options = dict(
-            model="kannada-cnn", epochs=4, batch_size=per_device, class_weights="balanced",
-            verbose=0,
-        )
-        real_timer = training._EpochTimer
-        training._EpochTimer = dying_epoch_timer(training, lambda epoch: epoch == 1)
-        try:
-            chute.train(data, run, **options)
-        except Killed:
-            pass
-        training._EpochTimer = real_timer
-        left = {"backup": (run / "backup").exists(), "bundle": (run / "bundle").exists()}
-        result = chute.train(data, run, **options)
-        predicted = chute.predict(run, images, top_k=3)
-        chute.export(run, folder / "savedmodel")
-        report["resumed"] = {
-            "left": left,
-            "result": dataclasses.asdict(result),
-            "backend": keras.backend.backend(),
-            "tensorflow_devices": sorted({d.device_type for d in tf.config.get_visible_devices()}),
-            "predictions": [[p.path, p.top] for p in predicted.predictions],
-        }
-
-    with stage("fine-tuned") as folder:
-        weights = folder / "start.weights.h5"
-        start = build_model("MobileNet", input_shape=(32, 32, 1), num_classes=3)
-        rng = np.random.default_rng(0)  # "pretrained": weights whose features are not all 0
-        start.set_weights([
-            np.abs(rng.normal(0, 0.05, w.shape)) + 1 if "variance" in w.path
-            else rng.normal(0, 0.05, w.shape)
-            for w in start.weights
-        ])
-        start.save_weights(weights)
-        result = chute.train(
-            data, folder / "run", model="MobileNet", image_size=32, weights=str(weights),
-            fine_tune="all", epochs=2, batch_size=per_device, verbose=0,
-        )
-        end = keras.models.load_model(folder / "run" / "checkpoints" / "last.keras")  # after both
-        changed = {"conv": [], "batchnorm": []}
-        for before, after in zip(backbone_of(start).layers, backbone_of(end).layers):
-            kind = "batchnorm" if "BatchNormalization" in type(after).__name__ else "conv"
-            for old, new in zip(before.get_weights(), after.get_weights()):
-                changed[kind].append(bool(np.any(old != new)))
-        report["fine-tuned"] = {"epochs": result.epochs_run, "changed": changed}
-    (root / "report.json").write_text(json.dumps(report))
-"""
+# The program: tests/jax_runs_child.py.
 
 
 @pytest.fixture(scope="module")
@@ -238,8 +109,13 @@ def jax_runs(learnable, tmp_path_factory) -> dict:
     again whenever a worker comes back to the module after another one's tests)."""
 
     def build(root: Path) -> None:
-        script = _script(root, JAX_RUNS)
-        args = [sys.executable, str(script), str(learnable), str(root), str(PER_DEVICE)]
+        args = [
+            sys.executable,
+            str(TESTS / "jax_runs_child.py"),
+            str(learnable),
+            str(root),
+            str(PER_DEVICE),
+        ]
         env = _env(root / "jax-cache", KERAS_BACKEND="tensorflow")
         _run(args, root / "logs", env=env, timeout=600)
 
@@ -485,11 +361,11 @@ def test_torch_trains_on_one_device_and_refuses_several(monkeypatch):
     assert backend_lib.devices("torch").describe() == "torch cpu: 1 device(s)"
     _fake_torch(monkeypatch, 1)
     one = backend_lib.devices("torch")
-    assert (one.chute_kind, one.devices, one.steps_per_execution) == ("gpu", ("cuda:0",), 1)
+    assert (one.kind, one.names, one.steps_per_execution) == ("gpu", ("cuda:0",), 1)
     _fake_torch(monkeypatch, 2)
     with pytest.raises(ChuteError, match=r"one device; torch sees 2 GPUs.*--backend jax"):
         backend_lib.devices("torch")
-    assert backend_lib.devices("torch", "cpu").chute_kind == "cpu"  # asked for: one CPU
+    assert backend_lib.devices("torch", "cpu").kind == "cpu"  # asked for: one CPU
 
 
 @pytest.mark.parametrize(
@@ -510,9 +386,10 @@ def test_tensorflow_only_options_are_refused_on_jax(options, message):
      ("gpu", False, "float32", 8), ("cpu", False, "float32", 1)],
 )  # fmt: skip
 def test_jax_precision_and_steps_follow_the_devices(kind, fast_fp16, precision, steps):
-    devices = backend_lib.KerasDevices("jax", kind, (f"{kind}:0", f"{kind}:1"), None, fast_fp16)
+    names = (f"{kind}:0", f"{kind}:1")
+    devices = Devices(kind, "jax", 2, names, gpu_mixed_float16=fast_fp16)
     assert training._precision(TrainConfig(), devices) == precision
-    assert backend_lib.steps_per_execution(devices) == steps
+    assert devices.steps_per_execution == steps
     assert devices.describe() == f"jax {kind}: 2 device(s)"
 
 
