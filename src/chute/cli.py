@@ -52,8 +52,10 @@ def _add_options(
             if isinstance(default, tuple):  # as the flag is written: (0.75, 1.333...) -> 0.75,1.333
                 default = ",".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in default)
             help_text += f" (default: {default})"
+        # default None: a flag left out must not override a config file's value.
         kwargs: dict = {"dest": field.name, "default": None, "help": help_text}
         if isinstance(field.default, bool):
+            # --flag and --no-flag: a config file's True can be turned off on the command line.
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = meta.get("type") or type(field.default)
@@ -312,8 +314,10 @@ class _Bars:
 
         bar = self.bars.get(phase)
         if bar is None:
+            # Unpacking reports bytes (a compressed tar), every other phase images.
             unit = {"unit": "B", "unit_scale": True} if phase == "unpack" else {"unit": "img"}
             bar = self.bars[phase] = tqdm(total=total, desc=phase, leave=False, **unit)
+        # The callback gives a running total; tqdm wants the step since its last update.
         bar.update(done - bar.n)
 
     def close(self) -> None:
@@ -382,6 +386,7 @@ def _looks_like_images(folder: str, *, levels: int = 2, budget: int = 64) -> boo
     pending = [(folder, 0)]
     while pending and budget > 0:
         path, level = pending.pop(0)
+        # A bounded look: a huge tree or a slow network folder must not hold the command up.
         budget -= 1
         try:
             entries = sorted(os.scandir(path), key=lambda entry: entry.name)
@@ -414,6 +419,7 @@ def _refuse_image_folder(path: str, name: str, command: str) -> None:
     if not _looks_like_images(path):
         return
     folder = os.path.normpath(path)
+    # "." or ".." would give the suggested output a useless name: the absolute path instead.
     if os.path.basename(folder) in ("", ".", ".."):
         folder = os.path.abspath(folder)
     out = shlex.quote(folder + "-shards")
@@ -506,6 +512,7 @@ def _train(args: argparse.Namespace) -> int:
     from chute.fit.train import train
 
     flags = _given(args, TrainConfig)
+    # Reading flags go in the config's [load] table, where a config file keeps them too.
     reading = {k: v for k, v in _given(args, LoadOptions).items() if k in LOAD_TABLE}
     if reading:
         flags["load"] = reading
@@ -605,6 +612,7 @@ def _bench(args: argparse.Namespace) -> int:
         color_mode=args.color_mode,
         batch_size=args.batch_size,
         model=args.model,
+        # Left out when not given, so bench.run's own default applies.
         **({} if args.min_seconds is None else {"min_seconds": args.min_seconds}),
         say=lambda line: print(line, file=sys.stderr),
     )
@@ -689,6 +697,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"chute {args.command}: error: {error.message}", file=sys.stderr)
             return 1
         raise
+    # 130 = 128 + SIGINT, the status a shell gives a command stopped by Ctrl-C.
     except KeyboardInterrupt:
         print("\ninterrupted; run the same command again to resume", file=sys.stderr)
         return 130

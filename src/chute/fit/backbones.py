@@ -34,6 +34,7 @@ def is_model_function(attribute: str) -> bool:
     if not inspect.isfunction(function):
         return False
     parameters = inspect.signature(function).parameters
+    # A model function takes both; the module's helpers (decode_predictions, ...) do not.
     return "include_top" in parameters and "weights" in parameters
 
 
@@ -102,7 +103,6 @@ def _input_transform(family: str) -> tuple[list[int], list[float], list[float]]:
     ``"tf"`` mode is ``x / 127.5 - 1``, ``"torch"`` is ``(x / 255 - mean) / std``,
     ``"caffe"`` is RGB to BGR minus the ImageNet mean, and the families that
     normalise inside the model (EfficientNet, ConvNeXt, ...) are the identity.
-    Probing the function instead of keeping a table follows Keras as it changes.
     """
     module = getattr(keras.applications, family, None)
     function = getattr(module, "preprocess_input", None)
@@ -111,6 +111,7 @@ def _input_transform(family: str) -> tuple[list[int], list[float], list[float]]:
             "keras.applications.%s has no preprocess_input; pixels kept in [0, 255]", family
         )
         return [0, 1, 2], [1.0] * 3, [0.0] * 3
+    # Probed rather than kept in a table: the transform follows Keras as it changes.
     probe = np.zeros((5, 1, 1, 3), np.float32)
     for channel in range(3):
         probe[1 + channel, 0, 0, channel] = 255.0
@@ -158,11 +159,13 @@ def application_model(
     family = function.__module__.rsplit(".", 1)[-1]
     order, scale, offset = _input_transform(family)
     kwargs: dict[str, Any] = {
+        # 3 channels always: ImageNet backbones take RGB; a gray input is repeated below.
         "input_shape": (shape[0], shape[1], 3),
         "include_top": False,
         "weights": "imagenet" if imagenet else None,
         "pooling": "avg",
     }
+    # A fixed name, so freezing and fine-tuning find the backbone (BACKBONE_LAYER).
     if "name" in inspect.signature(function).parameters:
         kwargs["name"] = BACKBONE_LAYER
     try:

@@ -56,6 +56,7 @@ def configured() -> str:
         >>> os.environ["KERAS_BACKEND"] = "jax"; configured()  # doctest: +SKIP
         'jax'
     """
+    # Imported already: its backend is fixed for this process, whatever the variables say now.
     if "keras" in sys.modules:
         return keras.backend.backend()
     if os.environ.get("KERAS_BACKEND"):
@@ -64,6 +65,7 @@ def configured() -> str:
     try:
         with open(os.path.join(home, "keras.json")) as handle:
             return str(json.load(handle).get("backend", "tensorflow"))
+    # No readable keras.json: Keras itself falls back to TensorFlow.
     except (OSError, ValueError, AttributeError):
         return "tensorflow"
 
@@ -82,6 +84,7 @@ def resolve(requested: str | None = None) -> str:
     if requested is not None:
         checks.one_of("backend", requested, BACKENDS)
         _check_installed(requested, f"backend={requested!r}")
+        # Keras reads KERAS_BACKEND once, at import: setting it later would change nothing.
         if "keras" not in sys.modules:
             os.environ["KERAS_BACKEND"] = requested
     name = configured()
@@ -94,6 +97,7 @@ def resolve(requested: str | None = None) -> str:
         )
     if name not in BACKENDS:
         raise checks.bad_value("KERAS_BACKEND", name, f"one of {list(BACKENDS)} for chute train")
+    # The configured backend may come from keras.json, not from `requested`: checked again.
     _check_installed(name, f"backend={requested!r}; Keras's configured backend: {name!r}")
     log.info("Keras backend: %s", keras.backend.backend())  # imports Keras, on that backend
     return name
@@ -111,6 +115,7 @@ def keep_tensorflow_off_accelerators() -> None:
     JAX or torch trains on them. Must come before TensorFlow runs anything; a
     TensorFlow that already holds one is reported (set ``CUDA_VISIBLE_DEVICES``
     for it, or install ``tensorflow-cpu``)."""
+    # Hidden before TensorFlow runs anything: afterwards its devices can no longer be hidden.
     for kind in ("GPU", "TPU"):
         try:
             tf.config.set_visible_devices([], kind)
@@ -161,6 +166,7 @@ def devices(backend: str, kind: str = "auto", *, tpu: str | None = None) -> Devi
 def _jax_devices(kind: str) -> Devices:
     import jax
 
+    # None: Keras lists the best platform there is (TPU, then GPU, then CPU).
     wanted = None if kind == "auto" else kind
     try:
         names = keras.distribution.list_devices(wanted)
@@ -169,6 +175,7 @@ def _jax_devices(kind: str) -> Devices:
             f"`strategy` is {kind!r} but JAX finds no {kind.upper()} here ({error}). "
             f"Received: strategy={kind!r}"
         ) from None
+    # Keras names devices "platform:index"; one platform is used for the whole run.
     platform = names[0].split(":")[0]
     local = jax.local_devices(backend=platform)
     fast_fp16 = platform == "gpu" and all(
@@ -210,6 +217,7 @@ def _torch_device(kind: str) -> Devices:
             "CUDA_VISIBLE_DEVICES=0. Received: backend='torch'"
         )
     if kind != "cpu" and gpus == 1:
+        # Compute capability 7.0 or newer: where float16 is faster, as for TensorFlow and JAX.
         fast_fp16 = torch.cuda.get_device_capability(0) >= (7, 0)
         return Devices(
             "gpu", backend="torch", names=("cuda:0",), gpus=1, gpu_mixed_float16=fast_fp16

@@ -85,15 +85,19 @@ class Backup:
         """
         storage.makedirs(self.folder)
         step = step_of(model)
+        # Named by step, zero-padded: a new backup never overwrites the file state.json names.
         name = f"step-{step:010d}.weights.h5"
         partial = self._path(f"partial-{step:010d}.weights.h5")  # Keras wants .weights.h5
+        # overwrite: a partial file left by a kill during an earlier write of this step.
         model.save_weights(partial, overwrite=True)
         storage.rename(partial, self._path(name))
         record = Record(epoch, step, name, _seed_states(model))
         current = self._state().get("current")
+        # A second save at the same step (an epoch's end after a step backup) must not name itself.
         previous = current if current and current["weights"] != name else None
         state = {"current": record.to_dict(), "previous": previous}
         storage.write_atomic(self._path(STATE), json.dumps(state).encode())
+        # Deleted only after state.json names the new file, so a kill here leaves both whole.
         keep = {name, *([previous["weights"]] if previous else []), STATE}
         for other in storage.listdir(self.folder):
             if other.endswith(".weights.h5") and other not in keep:
@@ -120,6 +124,7 @@ class Backup:
                     state = {"current": record.to_dict(), "previous": None}
                     storage.write_atomic(self._path(STATE), json.dumps(state).encode())
                 return record
+            # Renamed, not deleted: the damaged file stays for a person to look at.
             aside = problem != "missing"
             log.warning(
                 "the backup %s cannot be read (%s)%s; resuming from the backup before it",
@@ -138,6 +143,7 @@ class Backup:
         """Loads backup ``record`` into ``model`` (built: in ``fit``, from its callbacks'
         ``on_train_begin``, as Keras's ``BackupAndRestore`` does), its optimizer built
         first, and the random layers' seed states."""
+        # load_weights needs the optimizer's variables to exist, and Keras builds them only lazily.
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         model.load_weights(self._path(record.weights))
@@ -172,6 +178,7 @@ class Backup:
         if not storage.isdir(self.folder):
             return []
         state = self._state()
+        # state.json, when there, is the only authority: it names whole files only.
         if state:
             found = [state.get("current"), state.get("previous")]
             return [Record.from_dict(entry) for entry in found if entry]
@@ -188,6 +195,7 @@ class Backup:
         if storage.exists(self._path(_SEEDS)):
             saved = json.loads(storage.read_bytes(self._path(_SEEDS)))
             seeds = {"step": saved["step"], **saved["states"]}
+        # -1: the step is unknown; ResumePoint.of reads it from the weights file instead.
         return Record(epoch, int(seeds.pop("step", -1)), _KERAS_WEIGHTS, seeds)
 
 
@@ -201,6 +209,7 @@ def _numpy(variable: Any) -> np.ndarray:
 
 
 def _seed_variables(model: Any) -> list:
+    # Keras's weights files leave these out, so the backup keeps them itself.
     return [v for v in model.variables if "seed_generator_state" in v.path]
 
 
@@ -239,6 +248,7 @@ def _unreadable(path: str) -> str | None:
 
     try:
         with storage.open_file(path) as handle, h5py.File(handle, "r") as weights:
+            # Every array read in full: a damaged file can open but fail on one dataset.
             weights.visititems(lambda _, item: item[()] if isinstance(item, h5py.Dataset) else None)
     except Exception as error:  # h5py raises OSError, KeyError, ValueError... for damage
         return f"{type(error).__name__}: {error}"

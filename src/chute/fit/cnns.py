@@ -55,6 +55,7 @@ def set_batch_norm_momentum(model: Any, momentum: float) -> None:
 
 
 def _conv_bn_relu(x: Any, filters: int, *, kernel_size: int = 3, strides: int = 1) -> Any:
+    # No bias: the BatchNormalization after it has its own offset.
     x = keras.layers.Conv2D(filters, kernel_size, strides=strides, padding="same", use_bias=False)(
         x
     )
@@ -65,6 +66,7 @@ def _conv_bn_relu(x: Any, filters: int, *, kernel_size: int = 3, strides: int = 
 def _image_input(shape: tuple[int, int, int]) -> tuple[Any, Any]:
     """The uint8 input and its float version in [0, 1] (compute dtype of the policy)."""
     inputs = image_input(shape)
+    # The model rescales its uint8 input itself, so the pipeline ships bytes, not floats.
     return inputs, keras.layers.Rescaling(1.0 / 255, name="rescale")(inputs)
 
 

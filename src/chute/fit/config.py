@@ -200,6 +200,7 @@ class TrainConfig:
         check_coordinator(self.coordinator)
         checks.optional_positive_int("num_processes", self.num_processes)
         if self.process_id is not None:
+            # Bounded only when num_processes is given; else Keras's variables or JAX say.
             last = None if self.num_processes is None else self.num_processes - 1
             checks.int_in("process_id", self.process_id, 0, last)
         timeout = checks.positive_number(
@@ -232,6 +233,7 @@ class TrainConfig:
                 raise checks.bad_value(
                     "fine_tune", self.fine_tune, "'all' or a positive number of top layers"
                 )
+            # Kept as text: "all" or a number of layers, one type for the config file and the flag.
             object.__setattr__(self, "fine_tune", text)
             if self.weights is None:
                 raise ChuteError(
@@ -243,6 +245,7 @@ class TrainConfig:
                 "epochs", self.epochs, "at least 2 with fine_tune (head, then all)"
             )
         if self.head_epochs is not None:
+            # With fine-tuning, at least one epoch must be left for it after the head's.
             last = self.epochs - 1 if self.fine_tune else self.epochs
             checks.int_in("head_epochs", self.head_epochs, 1, last)
         if self.fine_tune_learning_rate is not None:
@@ -267,6 +270,7 @@ class TrainConfig:
         fine-tuning, else one phase (``"head"`` when a pretrained backbone stays frozen)."""
         if self.fine_tune is None:
             return [("head" if self.pretrained else "all", self.epochs)]
+        # A third of the run for the head by default, at least one epoch.
         head = self.head_epochs or max(1, self.epochs // 3)
         return [("head", head), ("fine-tune", self.epochs - head)]
 
@@ -274,6 +278,7 @@ class TrainConfig:
     def from_toml(cls, path: str, **overrides: Any) -> TrainConfig:
         """Reads a TOML file (its top-level keys are the fields, its ``[load]`` table the
         ``load`` option's); ``overrides`` win, key by key within ``load``."""
+        # tomllib is in the standard library from Python 3.11; tomli is the same parser before.
         if sys.version_info >= (3, 11):
             import tomllib
         else:  # pragma: no cover
@@ -308,6 +313,7 @@ def _load_options(value: Any) -> LoadOptions:
         raise checks.bad_value("load", value, "a LoadOptions or a table of its fields")
     defaults = LoadOptions()
     for name, own in CHOSEN_BY_TRAIN.items():
+        # Compared with the defaults: an option left alone is fine, one set by hand is refused.
         if getattr(value, name) != getattr(defaults, name):
             instead = f"set `{own}` instead" if own else "chute train chooses it for each split"
             raise ChuteError(

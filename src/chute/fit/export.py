@@ -64,6 +64,7 @@ def export(
     checks.one_of("format", format, FORMATS)
     output = os.fspath(output)
     bundle = load_bundle(run_or_bundle)
+    # Before any writing: a refused folder is left exactly as it was.
     _prepare_output(output, bundle.location, overwrite)
     if format == "keras":
         storage.copy(bundle.model_path, storage.join(output, MODEL_NAME))
@@ -71,12 +72,14 @@ def export(
     else:
         _export_saved_model(bundle, output)
         meta = _saved_model_meta(bundle)
+    # chute.json last, as in a bundle: its presence means the export is complete.
     storage.write_atomic(storage.join(output, META_NAME), meta.encode("utf-8"))
     log.info("exported %s as %s to %s", bundle.location, format, output)
     return output
 
 
 def _export_saved_model(bundle: Bundle, output: str) -> None:
+    # uint8 in: the served model rescales itself, as the bundle's model does.
     spec = tf.TensorSpec([None, *bundle.image.shape], tf.uint8, name=INPUT_NAME)
     # No device scope: the traced graph pins no device, so a server runs it
     # on whatever it has (saved variables carry no device either).
@@ -126,6 +129,7 @@ def _prepare_output(output: str, source: str, overwrite: bool) -> None:
 def _contains(outer: str, inner: str) -> bool:
     """True when ``inner`` is ``outer`` or lies below it."""
     if storage.is_local(outer) and storage.is_local(inner):
+        # realpath on both: a symlink must not hide that the output holds the bundle.
         outer = os.path.realpath(storage.local_path(outer))
         inner = os.path.realpath(storage.local_path(inner))
         return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)

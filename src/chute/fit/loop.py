@@ -68,6 +68,7 @@ def fit_multiworker(
         optimizer = _optimizer(config, steps, learning_rate=learning_rate, epochs=epochs)
         # its slots now, so a restore fills them at once (and a re-saved backup holds them)
         optimizer.build(model.trainable_variables)
+        # A variable, so the epoch travels in the checkpoint with the weights.
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
     global_batch = info_of(train_ds).global_batch_size
     train_step, val_step = _steps(model, strategy, optimizer, config, class_weight, augmentation,
@@ -82,6 +83,7 @@ def fit_multiworker(
     waited = len(scores) - 1 - scores.index(max(scores)) if scores else 0  # early stopping
     saving = checkpoints(model, run, monitor)  # last.keras, and best.keras over the whole run
     writer = tf.summary.create_file_writer(run.logs)  # TensorBoard
+    # One iterator for the whole phase: each epoch takes the next `steps` batches from it.
     iterator = iter(train_ds)
     for _ in range(int(epoch.numpy()), epochs):
         started = time.perf_counter()
@@ -90,6 +92,7 @@ def fit_multiworker(
             totals += train_step(iterator).numpy()
         seen = steps * global_batch
         results = {
+            # The loss is already a mean per batch (compute_average_loss); the counts are sums.
             "loss": totals[0] / steps,
             "accuracy": totals[1] / seen,
             "top5": totals[2] / seen,
@@ -206,7 +209,9 @@ def _steps(model, strategy, optimizer, config, class_weight, augmentation, globa
     is_categorical = categorical(config)
     weights = None
     if class_weight:
+        # A tensor in label order, so the step looks weights up by label inside the graph.
         weights = tf.constant([class_weight[i] for i in range(len(class_weight))], tf.float32)
+    # Fewer than five classes: top-5 is then every class.
     k = min(5, model.output_shape[-1])
 
     def targets(labels):
@@ -232,6 +237,7 @@ def _steps(model, strategy, optimizer, config, class_weight, augmentation, globa
                 per_example = loss_fn(labels, probs)
                 if weights is not None:
                     per_example *= tf.gather(weights, targets(labels))
+                # Divided by the global batch: the replicas' gradients are summed, not averaged.
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
                 scaled = optimizer.scale_loss(loss) if scaling else loss
             # a LossScaleOptimizer unscales the gradients (and skips a step that overflowed)
@@ -244,6 +250,7 @@ def _steps(model, strategy, optimizer, config, class_weight, augmentation, globa
     @tf.function
     def val_step(images, labels):
         probs = tf.cast(model(images, training=False), tf.float32)
+        # The batch's own size: the last validation batch may be short.
         size = tf.cast(tf.shape(probs)[0], tf.float32)
         return tf.stack([tf.reduce_sum(loss_fn(labels, probs)), *counts(probs, labels), size])
 

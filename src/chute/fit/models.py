@@ -108,6 +108,7 @@ def batch_norm_momentum(steps_per_epoch: int | None) -> float:
     if steps_per_epoch is None:
         return cnns.BN_MOMENTUM
     steps = checks.positive_int("steps_per_epoch", steps_per_epoch)
+    # momentum ** steps == SETTLED; never above 0.9, which already settles within a long epoch.
     return min(cnns.BN_MOMENTUM, SETTLED ** (1 / steps))
 
 
@@ -163,6 +164,7 @@ def build_model(
         >>> model.input.dtype, model.output.dtype
         ('uint8', 'float32')
     """
+    # Every argument checked first: a bad one fails before a backbone is downloaded or built.
     resolved = resolve_model(name)
     shape = _check_input_shape(input_shape)
     num_classes = checks.int_in("num_classes", num_classes, 2, what="an integer of at least 2")
@@ -184,6 +186,7 @@ def build_model(
         model, backbone = backbones.application_model(
             resolved, shape, num_classes, dropout, input_shape, imagenet=imagenet
         )
+    # ImageNet weights were loaded by keras.applications itself, while building the backbone.
     if weights_path is not None and not imagenet:
         _load_weights(model, backbone, weights_path, name)
     if steps_per_epoch is not None:
@@ -234,6 +237,7 @@ def resolve_model(name: Any, *, argument: str = "name") -> str:
     """
     if not isinstance(name, str) or not name:
         raise checks.bad_value(argument, name, "a model name: one of " + _names_text())
+    # An exact name wins, so a folded match can never shadow a real keras.applications name.
     if name in cnns.CNNS:
         return name
     if _fold(name) in cnns.CNNS:
@@ -242,10 +246,12 @@ def resolve_model(name: Any, *, argument: str = "name") -> str:
         return name
     applications = backbones.application_names()
     folded = [a for a in applications if _fold(a) == _fold(name)]
+    # Only a unique folded match: two names that fold alike would make the guess arbitrary.
     if len(folded) == 1:
         log.debug("Model name %r read as keras.applications.%s", name, folded[0])
         return folded[0]
     message = f"`{argument}` must be one of {_names_text()}. Received: {argument}={name!r}"
+    # dict.fromkeys: the names without repeats, in order, so the suggestions are stable.
     known = dict.fromkeys([*MODEL_NAMES, *applications])
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
     if close:
@@ -289,6 +295,7 @@ def _check_weights(weights: Any, model: str) -> str | None:
                 "chute's own CNN. Received: weights='imagenet'"
             )
         return IMAGENET
+    # Checked before building: the error names the path and says only 'imagenet' is downloaded.
     if not storage.exists(path):
         raise ChuteError(
             f"`weights` must be {allowed}. Received: weights={path!r}, which does not exist "
@@ -310,9 +317,11 @@ def _load_weights(model: Any, backbone: Any, path: str, name: str) -> None:
     """
     targets = [("the whole model", model)]
     if backbone is not None:
+        # A backbone's own file (e.g. ..._no_top.h5) fits the backbone, not the whole model.
         targets.append(("the backbone", backbone))
     failures = []
     for what, target in targets:
+        # Kept aside: a failed attempt's warnings (one per layer) would drown the one clear error.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -335,4 +344,5 @@ def _summary(error: BaseException) -> str:
     """The gist of a Keras loading error: its first two lines, without tensor dumps."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = " ".join(lines[:2]) or type(error).__name__
+    # Keras appends the target variable's whole value: cut, so the error stays readable.
     return text.split(" Target variable:")[0][:400]

@@ -34,6 +34,7 @@ def make_optimizer(
     from ``learning_rate`` (default: the config's)."""
     start = config.learning_rate if learning_rate is None else learning_rate
     rate: Any = start
+    # The phase's own epochs: a fine-tuning phase decays over its epochs, not the run's.
     total = max(1, steps_per_epoch * (config.epochs if epochs is None else epochs))
     if config.schedule == "cosine":
         rate = keras.optimizers.schedules.CosineDecay(start, decay_steps=total)
@@ -83,6 +84,7 @@ def warn_if_short(
         True
     """
     steps = steps_per_epoch * config.epochs
+    # A pretrained backbone's new head learns in far fewer steps: no warning then.
     if steps >= MIN_STEPS or config.pretrained:
         return False
     epochs = math.ceil(MIN_STEPS / steps_per_epoch)

@@ -40,6 +40,7 @@ HEAT_MAP_CLASSES = 30  # the confusion is a heat map up to this many classes, el
 _THUMB = 48  # side of a sample image next to a confused pair
 
 
+# Cached: walking the font folders takes a while, and every caption asks.
 @cache
 def _system_fonts() -> tuple[str, ...]:
     found: list[str] = []
@@ -80,6 +81,7 @@ def caption(label: int, name: str) -> tuple[str, ImageFont.ImageFont]:
         '3: cat'
     """
     text = f"{label}: {name}"
+    # Pillow's own font first; then any system font that can draw the name (CJK, Kannada, ...).
     for path in (None, *_system_fonts()):
         try:
             font = _font(path)
@@ -141,6 +143,7 @@ def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> 
         series = {"train": history.get(name, []), "val": history.get(f"val_{name}", [])}
         values = [v for s in series.values() for v in s]
         low, high = min(values), max(values)
+        # A flat curve (one epoch, or a constant) would otherwise divide by zero.
         span = (high - low) or 1.0
         epochs = max(len(s) for s in series.values())
         box = (left + margin, margin, left + width - 15, height - margin)
@@ -265,6 +268,7 @@ def draw_confusion(
             fill = colour(count, i == j)
             x, y = left + j * cell, top + i * cell
             draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=fill, outline="#dddddd")
+            # White on a dark cell, black on a light one; zeros greyed so the errors stand out.
             ink = "#bbbbbb" if count == 0 else ("white" if min(fill) < 128 else "black")
             draw.text((x + cell / 2, y + cell / 2), str(count), fill=ink, font=counts,
                       anchor="mm")  # fmt: skip

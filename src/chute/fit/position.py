@@ -102,13 +102,16 @@ class ResumePoint:
         if record is None:
             return cls()
         step = record.step
+        # Keras's own BackupAndRestore files record no step: the weights file's optimizer knows it.
         if step == -1 and stored_step is not None:
             step = stored_step
         # the optimizer steps of the epochs before it are whole epochs (a legacy backup
         # of a step unknown even to its weights file, -1, resumes at its epoch's start)
         done = step - record.epoch * steps
+        # 0 or a whole epoch: an epoch's end, so fit starts at the epoch's first batch.
         if not 0 < done < steps:
             return cls(record.epoch, seeds=record.seeds)
+        # tf.data cannot restore a shuffle buffer's position (tensorflow#56372).
         if engine != "grain":
             log.info(
                 "resuming epoch %d, backed up after batch %d of %d: the tf.data engine "
@@ -136,6 +139,7 @@ class ResumePoint:
             (3, 2, StreamPosition(epoch=3, batch=4), True)
         """
         start = StreamPosition(first_epoch + initial_epoch)
+        # Only the resumed epoch is cut; every later call trains whole epochs.
         if initial_epoch != self.epoch or self.batch == 0:
             return FitCall(initial_epoch, epochs, steps, start)
         # the resumed epoch alone, of its remaining batches: Keras counts an epoch's steps
@@ -181,6 +185,7 @@ class Resume:
             engine=engine,
             stored_step=store.stored_step(self.record) if legacy else None,
         )
+        # After a cut fit, the next one starts with the epoch after the resumed one.
         self.next_epoch = self.point.epoch + 1
         self.current: FitCall | None = None  # the fit in progress, or the last one
 
@@ -194,6 +199,7 @@ class Resume:
         self.current = self.point.fit_call(
             initial_epoch,
             epochs=self.epochs,
+            # A repeated dataset never ends: Keras must be told its steps.
             steps=self.steps if self.repeated else None,
             first_epoch=self.first_epoch,
         )
@@ -207,6 +213,7 @@ class Resume:
         collective, the same values), and writing backups with ``save(model, epoch)``
         (None: this process writes none, e.g. a JAX process other than the chief) every
         ``every`` steps and at each epoch's end."""
+        # A cached factory: Keras is imported lazily, so the class is made on first use.
         return _callback()(self, save, every)
 
 
@@ -244,6 +251,7 @@ def _callback() -> type:
 
         def on_epoch_end(self, epoch, logs=None):
             if self.save is not None:
+                # epoch + 1: the epoch in progress once this one is over, where a restart begins.
                 self.save(self.model, epoch + 1)
             if self.resume.cut:  # the rest of a resumed epoch: the next fit goes on
                 self.model.stop_training = True

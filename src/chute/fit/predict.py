@@ -159,6 +159,7 @@ def predict(
     if top_k is not None and not checks.is_int(top_k):
         raise checks.bad_value("top_k", top_k, "a positive integer")
     checks.positive_int("batch_size", batch_size)
+    # The arguments before the bundle: loading a model is the slow part.
     entries = _entries(images)
     bundle = load_bundle(model_path)
     if top_k is None:
@@ -179,6 +180,7 @@ def predict(
     # Images are decoded one batch at a time: memory holds a batch, not the input.
     paths: list[str] = []
     outputs = []
+    # No bigger than the input: a few images are not padded up to a whole batch_size.
     size = min(batch_size, len(files))
     # The CPU, whatever the model was trained on: a bundle from a TPU or GPU
     # run must classify images on a machine that has neither.
@@ -208,8 +210,10 @@ def predict(
             f"The model at {bundle.location!r} outputs shape {probs.shape[1:]}, but its "
             f"bundle names {bundle.num_classes} classes"
         )
+    # 1e-6 of slack: float32 softmax outputs can stray just outside [0, 1].
     if (probs < -1e-6).any() or (probs > 1 + 1e-6).any():
         log.info("the model outputs logits, not probabilities: applying softmax")
+        # The row's maximum subtracted first, so exp cannot overflow.
         probs = np.exp(probs - probs.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
     predictions = []
@@ -242,6 +246,7 @@ def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
         source = os.fspath(source)
     spec = bundle.image
     pixels, original = load_pixels(source, spec)
+    # A grayscale decode may come without its channel axis.
     pixels = pixels.reshape(*pixels.shape[:2], spec.channels)
     if spec.encoding == "jpeg":  # lossy: the record's bytes, decoded as a reader does
         data, stored = stored_bytes(pixels, original, spec), spec
@@ -254,6 +259,7 @@ def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
 
 
 def _entries(images: Any) -> list[str]:
+    # One path is a list of one; a str is iterable and would otherwise read as characters.
     if isinstance(images, str | os.PathLike):
         images = [images]
     try:
@@ -279,8 +285,10 @@ def _expand(entries: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
             files = _walk(entry)
             if not files:
                 failures.append((entry, _no_images(entry)))
+        # A file named explicitly is tried whatever its extension: the user chose it.
         elif storage.exists(entry):
             files = [entry]
+        # Only an entry that does not exist is read as a pattern: a name may contain [ or *.
         elif _PATTERN_CHARS & set(entry):
             files = []
             for match in storage.glob(entry):
@@ -290,6 +298,7 @@ def _expand(entries: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
         else:
             files = []
             failures.append((entry, "no such file or folder"))
+        # A dict, not a set: duplicates go, and the input order stays.
         found.update(dict.fromkeys(files))
     return list(found), failures
 

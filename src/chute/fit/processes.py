@@ -76,6 +76,7 @@ ENVIRONMENT = (
     "KERAS_DISTRIBUTION_PROCESS_ID",
 )
 OPTIONS = ("coordinator", "num_processes", "process_id")
+# An IPv6 host needs its brackets: without them its colons could not be told from the port's.
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>\d{1,5})$")
 _CHUNK = 64 << 20  # bytes sent from the chief per collective
 
@@ -87,6 +88,7 @@ def check_coordinator(value: Any) -> str | None:
         >>> check_coordinator("10.0.0.2:1234")
         '10.0.0.2:1234'
     """
+    # Not given: the cluster may still come from Keras's variables or a Cloud TPU slice.
     if value is None:
         return None
     match = _ADDRESS.match(value) if isinstance(value, str) else None
@@ -125,6 +127,7 @@ def join(config: TrainConfig) -> Processes:
             come within ``process_timeout``, or JAX could not join.
     """
     asked = {name: getattr(config, name) for name in OPTIONS if getattr(config, name) is not None}
+    # Only JAX joins processes here; TensorFlow's workers come from TF_CONFIG instead.
     if config.backend != "jax":
         if asked:
             given = ", ".join(f"{name}={value!r}" for name, value in asked.items())
@@ -137,11 +140,13 @@ def join(config: TrainConfig) -> Processes:
         return Processes()
     import jax
 
+    # Already joined by the caller: joining twice is an error in JAX, so report its count as it is.
     named = [name for name in ENVIRONMENT if os.environ.get(name)]
     if (asked or named) and not jax.distributed.is_initialized():
         # The same seed everywhere first (Keras's initialize would agree on one otherwise).
         keras.utils.set_random_seed(config.seed)
         coordinator, count, index = _cluster(config)
+        # A rendezvous needs all three; with fewer (a Cloud TPU slice) JAX finds the rest itself.
         if (
             coordinator
             and _ADDRESS.match(coordinator)
@@ -158,6 +163,7 @@ def join(config: TrainConfig) -> Processes:
                 coordinator, count, index, **_initialization_timeout(jax, config.process_timeout)
             )
         except (ValueError, TypeError, RuntimeError) as error:
+            # JAX's message can be long and names no option: keep its head and list what was given.
             given = {**asked, **{name: os.environ[name] for name in named}}
             raise ChuteError(
                 f"JAX's processes could not join ({str(error).strip()[:300]}). Received: "
@@ -185,6 +191,7 @@ def _cluster(config: TrainConfig) -> tuple[str | None, int | None, int | None]:
     values: list[Any] = []
     for option, variable in zip(OPTIONS, ENVIRONMENT, strict=True):
         value = getattr(config, option)
+        # An option given on the command line wins over Keras's variable.
         if value is None and os.environ.get(variable):
             value = os.environ[variable]
             if option != "coordinator":
@@ -201,6 +208,7 @@ def _cluster(config: TrainConfig) -> tuple[str | None, int | None, int | None]:
                 f"processes: list one per process, or only process 0's. Received: "
                 f"{ENVIRONMENT[0]}={coordinator!r}, num_processes={count}"
             )
+        # Keras's convention: the first address of the list is the coordinator's.
         coordinator = addresses[0]
     return coordinator, count, index
 
@@ -208,6 +216,7 @@ def _cluster(config: TrainConfig) -> tuple[str | None, int | None, int | None]:
 def _initialization_timeout(jax: Any, seconds: float) -> dict[str, int]:
     """``jax.distributed.initialize``'s own wait, ``seconds`` rounded up, where this JAX
     takes it (an older one has its fixed wait)."""
+    # Asked by signature, not version: an older JAX has no such parameter, only its fixed wait.
     if "initialization_timeout" in inspect.signature(jax.distributed.initialize).parameters:
         return {"initialization_timeout": max(1, math.ceil(seconds))}
     return {}
@@ -231,6 +240,7 @@ def prepare_run(
         ChuteError: the chief refused the run folder (every process raises it).
     """
     if processes.count == 1:
+        # Under MultiWorkerMirroredStrategy each worker still writes a folder of its own.
         worker = strategy_lib.worker_index()
         return rundir.prepare(run_dir, overwrite=overwrite, worker_index=worker, started=started)
     run, refused = None, None
@@ -243,6 +253,7 @@ def prepare_run(
     payload = _pack(run) if run is not None else str(refused).encode()
     header = [int(run is not None), int(run is not None and run.resumed)]
     (ok, resumed), payload = _from_chief(header, payload, processes)
+    # Raised only after the broadcast: the others must hear the verdict before the chief leaves.
     if refused is not None:
         raise refused
     if not ok:
@@ -255,6 +266,7 @@ def prepare_run(
     local = rundir.RunDir(
         tempfile.mkdtemp(prefix=f"chute-process-{processes.index}-"), bool(resumed)
     )
+    # The copy is only for this run's callbacks; the chief's run folder is the one that lasts.
     atexit.register(shutil.rmtree, local.path, True)
     names = _unpack(payload, local.path)
     if resumed:
@@ -272,6 +284,7 @@ def _resume_files(run: rundir.RunDir) -> list[str]:
         for name in storage.listdir(run.join(relative)):
             path = f"{relative}/{name}"
             (pending if storage.isdir(run.join(path)) else found).append(path)
+    # One progress file per phase, beside the backup folder rather than inside it.
     found += [n for n in storage.listdir(run.path) if n.startswith("progress-")]
     return sorted(found)
 
@@ -305,14 +318,17 @@ def _from_chief(
     pieces of at most 64 MiB; what the other processes pass is ignored."""
     from jax.experimental import multihost_utils
 
+    # The size travels as two int32 (quotient, remainder): a payload over 2 GiB would overflow one.
     head = np.asarray([*header, len(payload) // _CHUNK, len(payload) % _CHUNK], np.int32)
     head = np.asarray(multihost_utils.broadcast_one_to_all(head))
     size = int(head[-2]) * _CHUNK + int(head[-1])
     if not processes.chief:
+        # The others' part must have the chief's shape; its zeros add nothing to the psum.
         payload = bytes(size)
     pieces = []
     for start in range(0, size, _CHUNK):
         piece = payload[start : start + _CHUNK]
+        # Padded to whole int32 words; the padding is cut off again below.
         words = np.frombuffer(piece.ljust(-(-len(piece) // 4) * 4, b"\0"), np.int32)
         words = np.asarray(multihost_utils.broadcast_one_to_all(words))  # int32: no x64 needed
         pieces.append(words.tobytes()[: len(piece)])
@@ -327,6 +343,7 @@ def alone(devices: Devices) -> Iterator[None]:
     if devices.processes == 1:
         yield
         return
+    # Restored in finally: an error while the chief saves must not leave the distribution unset.
     previous = keras.distribution.distribution()
     keras.distribution.set_distribution(None)
     try:
@@ -341,11 +358,13 @@ def chief_only(devices: Devices, writers: Sequence[Any]) -> list:
     (:func:`alone`), none on the others."""
     if devices.processes == 1:
         return list(writers)
+    # The others write nothing: their temporary folder holds only what the callbacks read.
     if not devices.chief:
         return []
     return [_on_chief()(callback, devices) for callback in writers]
 
 
+# Made in a function, once: Keras is imported lazily, so the class cannot exist at import.
 @functools.cache
 def _on_chief() -> type:
     """The class of a callback whose every hook runs another's under :func:`alone` (the
@@ -364,6 +383,7 @@ def _on_chief() -> type:
             super().set_params(params)
             self.callback.set_params(params)
 
+        # One method per hook: the base Callback defines them all, so __getattr__ would never run.
         def _alone(self, hook: str, *args: Any, **kwargs: Any) -> Any:
             with alone(self.devices):
                 return getattr(self.callback, hook)(*args, **kwargs)

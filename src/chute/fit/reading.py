@@ -139,6 +139,7 @@ def pipelines(devices: Devices, *, training: bool) -> dict[str, Any]:
     nothing for one pipeline of global batches."""
     if not (devices.per_host if training else val_per_host(devices)):
         return {}
+    # tf.distribute on several hosts: the strategy hands each host its input context itself.
     if devices.processes == 1:
         return {"strategy": devices.strategy}
     context = tf.distribute.InputContext(
@@ -162,6 +163,7 @@ def _per_host_batch(config: TrainConfig, devices: Devices) -> int | None:
     if not devices.per_host:
         return None
     if devices.processes > 1:
+        # A JAX process feeds all its own devices: Keras assembles the processes' batches.
         return config.batch_size * devices.devices_here
     return config.batch_size
 
@@ -173,6 +175,7 @@ def global_batch(config: TrainConfig, devices: Devices) -> int:
 
 def categorical(config: TrainConfig) -> bool:
     """Whether labels are one-hot (label smoothing, MixUp and CutMix need them), else integers."""
+    # Smoothed or mixed labels are fractions: only one-hot labels can carry them.
     return config.label_smoothing > 0 or any(name in MIXING for name in config.augment)
 
 
@@ -181,6 +184,7 @@ def augment_on(config: TrainConfig, devices: Devices) -> str:
     tf.data service (its workers run graphs only), else ``"host"``; unless asked."""
     if config.augment_on != "auto":
         return config.augment_on
+    # Augmentation in the step runs on TensorFlow and JAX only (see train._devices).
     if devices.backend == "torch":
         return "host"
     accelerator = devices.kind in ("tpu", "gpu", "multi-gpu")

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 PROCESS_TIMEOUT = 300.0
 """Seconds a JAX process waits for the others by default (JAX's own initialization wait)."""
+# The version in the greeting: a chute speaking another protocol is ignored, not misread.
 _HELLO = "chute-join 1"
 _LINE = 1024  # bytes: the longest line either side sends
 
@@ -56,6 +57,7 @@ def wait_for_processes(coordinator: str, *, count: int, index: int, timeout: flo
         ChuteError: a process did not come (naming which), process 0 did not
             answer, or the processes disagree on the run (count, two of one index).
     """
+    # rsplit: an IPv6 host holds colons of its own.
     host, port = coordinator.rsplit(":", 1)
     received = (
         f"Received: coordinator={coordinator!r}, num_processes={count}, process_id={index}, "
@@ -72,12 +74,14 @@ def wait_for_processes(coordinator: str, *, count: int, index: int, timeout: flo
     if index == 0:
         _gather(int(port), count, timeout, coordinator, received)
     else:
+        # Brackets off: socket.create_connection wants the bare IPv6 address.
         _arrive(host.strip("[]"), int(port), count, index, timeout, coordinator, received)
     log.info("all %d JAX processes came to %s", count, coordinator)
 
 
 def _listen(port: int) -> socket.socket:
     """A socket listening on ``port`` of every interface, as JAX's coordinator does."""
+    # Dual-stack where possible, so processes that reach this host by IPv4 or IPv6 both get in.
     if socket.has_dualstack_ipv6():
         return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
     return socket.create_server(("", port))
@@ -93,6 +97,7 @@ def _gather(port: int, count: int, timeout: float, coordinator: str, received: s
             f"{coordinator} names: another program (an earlier run?) holds it. Pass a free "
             f"port in --coordinator on every host. {received}"
         ) from None
+    # Closed before returning: JAX's coordinator listens on this same port next.
     with listener, _Gathering(listener, count) as gathering:
         try:
             gathering.wait(time.monotonic() + timeout)
@@ -145,6 +150,7 @@ class _Gathering:
         while len(self.joined) < self.count - 1 and (left := deadline - time.monotonic()) > 0:
             for key, _ in self.selector.select(left):
                 if key.fileobj is self.listener:
+                    # A connection that vanished between select and accept is just not counted.
                     with contextlib.suppress(OSError):
                         connection = self.listener.accept()[0]
                         self.unnamed[connection] = b""
@@ -164,6 +170,7 @@ class _Gathering:
             return
         said = self.unnamed[connection] + data
         self.unnamed[connection] = said
+        # The greeting may come in pieces: wait for its end (or give up on a flood).
         if b"\n" not in said and len(said) <= _LINE:
             return
         line = said.split(b"\n", 1)[0].decode("ascii", "replace")
@@ -197,6 +204,7 @@ class _Gathering:
 def _joining_index(theirs: int, index: int, count: int, joined: dict[int, socket.socket]) -> int:
     """``index``, the one a process says it has (in a run of ``theirs`` processes); a
     ChuteError when it does not fit this run."""
+    # A process started with another count would wait for processes that never come.
     if theirs != count:
         raise ChuteError(
             f"process {index} was started with --num-processes {theirs}, process 0 with "
@@ -219,6 +227,7 @@ def _tell(connections, line: str) -> None:
     for connection in connections:
         with contextlib.suppress(OSError):
             connection.settimeout(2.0)
+            # The other side closes first: no TIME_WAIT is left here on JAX's port.
             connection.recv(1)
 
 
@@ -231,6 +240,7 @@ def _arrive(
     while True:
         left = deadline - time.monotonic()
         try:
+            # At most 5 s per try, so a host that comes up late is tried again before the deadline.
             connection = socket.create_connection((host, port), timeout=max(0.05, min(left, 5.0)))
             break
         except OSError as error:  # refused (not up yet), timed out, unknown host, no route
@@ -242,6 +252,7 @@ def _arrive(
                 f"check that this host can reach port {port} there (a firewall?), or wait "
                 f"longer with --process-timeout SECONDS. {received}"
             )
+        # Process 0 may not listen yet: try again shortly, never past the deadline.
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     with connection:
         connection.sendall(f"{_HELLO} {count} {index}\n".encode())
@@ -284,6 +295,7 @@ def _line(connection: socket.socket) -> str:
             if not piece:
                 break
             data += piece
+    # TimeoutError is an OSError: raised again before the branch below swallows it.
     except TimeoutError:
         raise
     except OSError:  # reset: process 0 ended

@@ -100,6 +100,7 @@ def prepare(
         storage.replace_or_refuse(
             run_dir, "run_dir", holds="a finished run", overwrite=overwrite, entries=_ENTRIES
         )
+    # Each MultiWorkerMirroredStrategy worker keeps a backup of its own; the chief's is the folder.
     path = storage.join(run_dir, f"worker-{worker_index}") if worker_index else run_dir
     storage.makedirs(path)
     run = RunDir(path, resumed=storage.exists(storage.join(path, "backup")))
@@ -116,6 +117,7 @@ def prepare(
                 path, "run_dir", holds=holds, overwrite=overwrite, entries=_ENTRIES
             )
             run = RunDir(path, resumed=False)
+    # Recorded only for a fresh start: a resumed run keeps what it was started with.
     if not run.resumed:
         run.write_json(STARTED, started)
     return run

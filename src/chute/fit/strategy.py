@@ -66,6 +66,7 @@ def _workers(environ: Mapping[str, str]) -> int:
         cluster = json.loads(raw).get("cluster", {})
     except (ValueError, AttributeError):
         raise ChuteError(f"TF_CONFIG is not valid JSON. Received: TF_CONFIG={raw[:80]!r}") from None
+    # The chief trains too: it is one of the workers the strategy spans.
     return sum(len(cluster.get(role, [])) for role in ("chief", "worker"))
 
 
@@ -92,6 +93,7 @@ def worker_index(environ: Mapping[str, str] | None = None) -> int:
         index = int(task.get("index", 0))
     except (ValueError, AttributeError, TypeError):
         raise ChuteError(f"TF_CONFIG is not valid JSON. Received: TF_CONFIG={raw[:80]!r}") from None
+    # With a chief, it is worker 0 and the workers' own indices shift by one.
     if task.get("type") == "worker" and "chief" in cluster:
         return index + 1
     return index if task.get("type") in ("worker", None) else 0
@@ -130,6 +132,7 @@ def local_tpu(
         (False, 'no libtpu, TPU_ACCELERATOR_TYPE or TPU_WORKER_ID')
     """
     environ = os.environ if environ is None else environ
+    # The variables first: reading them costs nothing, unlike looking for libtpu and the chips.
     for name in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID"):
         if environ.get(name):
             return True, f"{name}={environ[name]}"
@@ -150,6 +153,7 @@ def _find_tpu(
 ) -> tuple[Any, str]:
     """The TPU's resolver (None: no TPU) and how it was found, or why not."""
     colab = environ.get("COLAB_TPU_ADDR")
+    # An explicit --tpu wins over anything the environment says.
     if address:
         how = f"--tpu {address}"
     elif environ.get("TPU_NAME"):  # a TPU node or a multi-host slice: by its name
@@ -178,6 +182,7 @@ def _find_tpu(
 
 def _default_resolver(address: str | None) -> Any:
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+    # Without a name, an empty cluster means no TPU: raise so that detection falls back.
     if not resolver.cluster_spec().as_dict() and not address:
         raise ValueError("no TPU cluster")
     return resolver
@@ -268,6 +273,7 @@ def make_strategy(plan: Plan) -> Any:
     """Builds (for a TPU: connects and initialises) the strategy of a :class:`Plan`."""
     if plan.kind == "tpu":
         tf.config.experimental_connect_to_cluster(plan.tpu)  # a no-op for tpu="local"
+        # Before the strategy: TPUStrategy needs an initialised TPU system.
         tf.tpu.experimental.initialize_tpu_system(plan.tpu)
         return tf.distribute.TPUStrategy(plan.tpu)
     if plan.kind == "multiworker":
@@ -342,6 +348,7 @@ def precision_policy(
         'mixed_float16'
     """
     checks.one_of("precision", requested, PRECISIONS)
+    # Asked for: honoured even where it is slow (float16 on a CPU).
     if requested != "auto":
         return requested
     if kind == "tpu":
@@ -358,4 +365,5 @@ def gpu_supports_mixed_float16() -> bool:
     capabilities = [
         tf.config.experimental.get_device_details(g).get("compute_capability") for g in gpus
     ]
+    # Tensor cores came with compute capability 7.0; older GPUs are slower in float16.
     return bool(capabilities) and all(c is not None and c >= (7, 0) for c in capabilities)

@@ -127,6 +127,7 @@ def train(
         ChuteError: bad options, data without a train split, or in ``run_dir`` a
             finished run or an interrupted one of other options (without ``overwrite``).
     """
+    # Two sources of options would leave it unclear which one wins.
     if config is not None and options:
         raise ChuteError("Pass either `config` or option keywords, not both")
     config = config or TrainConfig.from_dict(options)
@@ -135,6 +136,7 @@ def train(
     models.check_model(config.model, config.weights)  # before anything heavy
     manifest = _training_data(data)
     processes = processes_lib.join(config)  # JAX on several hosts: one process each
+    # Recorded with the run folder: a later run with other options must not resume this backup.
     started = _started_with(config, manifest)
     run = processes_lib.prepare_run(
         run_dir, overwrite=overwrite, processes=processes, started=started
@@ -150,11 +152,13 @@ def train(
         history, seconds = _fit_phases(model, devices, inputs, config, manifest, run, verbose)
         if not processes.chief:  # the chief writes the run directory, bundle and reports
             chiefs = rundir.RunDir(os.fspath(run_dir), run.resumed)
+            # No bundle here: only the chief's run folder holds one.
             return _result(chiefs, None, inputs, history, seconds, devices, precision)
         with processes_lib.alone(devices):  # the chief alone: not a collective
             bundle = _save_best(model, manifest, run, config, precision, inputs)
     result = _result(run, bundle, inputs, history, seconds, devices, precision)
     _write_reports(run, result, config, history, manifest)
+    # Evaluated from the saved bundle, so the report measures what a user will load.
     if inputs.val is not None:
         from chute.fit.evaluate import evaluate
 
@@ -171,6 +175,7 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
     stored = [manifest.image.height, manifest.image.width]
     return {
         "model": config.model,
+        # The size the model sees: the manifest's when no other is asked for.
         "input_size": list(config.image_size) if config.image_size else stored,
         "channels": manifest.image.channels,
         "class_names": list(manifest.class_names),
@@ -187,6 +192,7 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
 
 def _training_data(data: Any) -> manifest_lib.Manifest:
     manifest = manifest_lib.load(data)
+    # Caught here rather than by an empty dataset deep inside Keras's fit.
     if manifest.num_examples("train") == 0:
         raise ChuteError(f"{manifest.location} has no train split to train on")
     return manifest
@@ -211,6 +217,7 @@ def _devices(config: TrainConfig) -> Devices:
             f"Received: augment_on={config.augment_on!r}, data_service={config.data_service!r}, "
             "backend='torch'; pass augment_on='host' (or 'auto'), without data_service"
         )
+    # Before TensorFlow runs anything: later, it already holds the accelerators JAX or torch needs.
     backend_lib.keep_tensorflow_off_accelerators()
     return backend_lib.devices(config.backend, config.strategy, tpu=config.tpu)
 
@@ -227,6 +234,7 @@ def _precision(config: TrainConfig, devices: Devices) -> str:
 @contextlib.contextmanager
 def _global_policy(precision: str) -> Iterator[None]:
     """Keras's global mixed-precision policy for the run; the caller's afterwards."""
+    # The policy is global in Keras: restored, so a caller in Python gets its own back.
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(precision)
     try:
@@ -314,6 +322,7 @@ def _phases(config: TrainConfig, run) -> list[_Phase]:
     for name, epochs in named:
         rate = config.learning_rate
         if name == "fine-tune":
+            # A tenth by default: the unfrozen backbone's pretrained weights should move slowly.
             rate = config.fine_tune_learning_rate or config.learning_rate / 10
         backup = run.backup if len(named) == 1 else storage.join(run.backup, name)
         first = sum(phase.epochs for phase in phases)
@@ -330,6 +339,7 @@ def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run,
     storage.makedirs(run.join("checkpoints"))
     class_weight = None
     if config.class_weights == "balanced":
+        # At least 1: a class without examples would otherwise divide by zero.
         counts = np.maximum(1, np.asarray(manifest.split("train").class_counts, float))
         class_weight = dict(enumerate(counts.sum() / (manifest.num_classes * counts)))
     history: dict[str, list[float]] = {}
@@ -342,6 +352,7 @@ def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run,
             model.load_weights(storage.join(phase.backup, "end.weights.h5"))
             _extend(history, finished["history"])
             continue
+        # Before compiling: Keras reads which weights are trainable when the model is compiled.
         trainable.freeze(model, phase.name, config.fine_tune)
         phase_history, phase_seconds = _fit(
             model, devices, inputs, config, run, phase, class_weight, verbose
@@ -372,6 +383,7 @@ def _fit(
     if inputs.augment_on == "device" and heavy:
         with devices.scope():  # its layers' seed variables live with the model's
             augmentation = DeviceAugmentation(heavy, config.seed)
+    # Keras's fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585).
     if devices.kind == "multiworker":
         from chute.fit.loop import fit_multiworker
 
@@ -445,6 +457,7 @@ def _compiled(model, devices: Devices, inputs: _Inputs, config, phase: _Phase, a
     """What ``fit`` trains: the model (with the augmentation layers in front, when they
     run in the train step), compiled for the phase inside the devices' scope."""
     with devices.scope():
+        # Only fit augments: checkpoints and the bundle keep the bare model, which predicts as is.
         trainer = (
             model if augmentation is None else trainable.with_augmentation(model, augmentation)
         )
@@ -513,6 +526,7 @@ def _result(
     run, bundle, inputs: _Inputs, history, seconds, devices: Devices, precision
 ) -> TrainResult:
     best = max(history[inputs.monitor]) if history.get(inputs.monitor) else None
+    # The median: the first epoch includes compiling and would skew a mean.
     per_epoch = float(np.median(seconds)) if seconds else 0.0
     return TrainResult(
         run_dir=run.path,
@@ -565,6 +579,7 @@ def _padded_val_loss(padded: float) -> Any:
     callbacks see it: Keras averages the validation loss over every example of the padded
     batches (padding included, at loss 0)."""
 
+    # Defined inside: Keras is imported lazily, so no Keras class exists at import time.
     class PaddedValLoss(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if logs and "val_loss" in logs:
@@ -576,6 +591,7 @@ def _padded_val_loss(padded: float) -> Any:
 def _epoch_timer() -> Any:
     """A callback keeping the wall time of each epoch (training and validation)."""
 
+    # Defined inside: Keras is imported lazily, so no Keras class exists at import time.
     class Timer(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
@@ -595,6 +611,7 @@ def _all_layers(model) -> list:
     found = []
     for layer in model.layers:
         found.append(layer)
+        # Nested models (a keras.applications backbone) hide their BatchNormalization layers.
         if hasattr(layer, "layers"):
             found += _all_layers(layer)
     return found

@@ -52,6 +52,7 @@ def with_augmentation(model: Any, augmentation: DeviceAugmentation) -> Any:
             return self.base(images, training=training)
 
         def train_step(self, *args):
+            # JAX's train step is a pure function of its state: the seeds must travel in it.
             if jax:
                 return _jax_train_step(self, augmentation, *args)
             images, labels, weights = keras.utils.unpack_x_y_sample_weight(args[0])
@@ -71,11 +72,13 @@ def _jax_train_step(trainer: Any, augmentation: DeviceAugmentation, state, data)
     images, labels, weights = keras.utils.unpack_x_y_sample_weight(data)
     variables = trainer.non_trainable_variables
     mapping = list(zip(variables, non_trainable_values, strict=True))
+    # Stateless: the layers read and advance the step's copy of their seeds, not the variables.
     with keras.StatelessScope(state_mapping=mapping) as scope:
         images, labels = _augmented(augmentation, images, labels)
     non_trainable_values = [scope.get_current_value(v) for v in variables]
     state = (trainable_values, non_trainable_values, optimizer_values, metrics_values)
     data = keras.utils.pack_x_y_sample_weight(images, labels, weights)
+    # super() in its two-argument form: this function sits outside the class body.
     return super(type(trainer), trainer).train_step(state, data)
 
 
@@ -88,6 +91,7 @@ def _augmented(augmentation: DeviceAugmentation, images, labels):
     for layer in augmentation.mixing:
         mixed = layer({"images": out, "labels": labels}, training=True)
         out, labels = mixed["images"], mixed["labels"]
+    # Back to uint8: the model rescales its own input, as it does for unaugmented batches.
     return ops.cast(ops.clip(ops.round(out), 0, 255), "uint8"), labels
 
 
@@ -104,6 +108,7 @@ def freeze(model: Any, phase: str, fine_tune: str | None) -> None:
     frozen) or ``"fine-tune"`` (the backbone's top ``fine_tune`` layers, or all of
     them, unfrozen; BatchNormalization layers stay frozen)."""
     backbone = backbone_of(model)
+    # Every layer on first: a phase's freezing never inherits the phase before it.
     model.trainable = True
     if backbone is None or phase == "all":
         return
@@ -115,6 +120,7 @@ def freeze(model: Any, phase: str, fine_tune: str | None) -> None:
     layers = backbone.layers
     first = 0 if fine_tune == "all" else max(0, len(layers) - int(fine_tune))
     for index, layer in enumerate(layers):
+        # BatchNorm stays frozen: it keeps the pretrained inference-mode statistics.
         frozen = index < first or isinstance(layer, keras.layers.BatchNormalization)
         layer.trainable = not frozen
     log.info(
@@ -137,6 +143,7 @@ def checkpoints(model: Any, run: Any, monitor: str) -> list:
             if score is None:
                 return
             best = None
+            # The best score on disk, not in memory: a resumed run compares with earlier runs'.
             if storage.exists(best_file):
                 best = json.loads(storage.read_bytes(best_file))["best"]
             if best is None or score > best:
@@ -171,9 +178,11 @@ def progress(run: Any, phase: str, monitor: str, patience: int | None) -> Any:
         def on_epoch_end(self, epoch, logs=None):
             for name, value in (logs or {}).items():
                 self.history.setdefault(name, []).append(float(value))
+            # Written every epoch: a kill between epochs loses nothing of the history.
             storage.write_atomic(path, json.dumps(self.history).encode())
             scores = self.history.get(monitor, [])
             if patience and scores:
+                # Over the whole phase, resumes included: a restart does not reset the patience.
                 waited = len(scores) - 1 - scores.index(max(scores))
                 if waited >= patience:
                     log.info("no better %s for %d epochs: stopping", monitor, waited)

@@ -101,6 +101,7 @@ class Bundle:
         Raises:
             ChuteError: ``model.keras`` is missing or cannot be loaded.
         """
+        # Loaded lazily: reading the class names must not import Keras or read a large model.
         if self._model is None:
             self._model = load_model(self.model_path, compile=self.compile)
         return self._model
@@ -156,6 +157,7 @@ def save_bundle(
         raise ChuteError(f"`image` must be an ImageSpec. Received: image={image!r}")
     shape = _input_shape(model)
     input_size = image.size
+    # A model that accepts any size (None) keeps the images' stored size as its input.
     if shape is not None and None not in shape[1:3]:
         input_size = (int(shape[1]), int(shape[2]))
     bundle = Bundle(
@@ -167,6 +169,7 @@ def save_bundle(
         crop_fraction=crop_fraction,
         _model=model,
     )
+    # Validated before anything is written: a bad argument leaves the folder as it was.
     text = bundle.to_json()
     _check_model(model, len(class_names), bundle.input_shape)
     storage.makedirs(directory)
@@ -200,6 +203,7 @@ def load_bundle(path: str | os.PathLike | Bundle, *, compile: bool = False) -> B
     directory = _find(os.fspath(path))
     meta = storage.join(directory, META_NAME)
     body = _parse_meta(storage.read_bytes(meta), meta)
+    # An export (SavedModel) shares the chute.json name: refused with where to load it instead.
     if "export" in body:
         kind = body["export"].get("format") if isinstance(body["export"], dict) else None
         if kind != "keras":
@@ -237,6 +241,7 @@ def _find(path: str) -> str:
             path = storage.dirname(path)
         else:
             raise ChuteError(f"`path` must be {allowed}. Received: path={path!r}")
+    # The folder itself first, then a training run's bundle/ inside it.
     for candidate in (path, storage.join(path, RUN_SUBDIR)):
         if storage.exists(storage.join(candidate, META_NAME)):
             return candidate
@@ -262,6 +267,7 @@ def _meta_json(body: dict[str, Any], **extra: Any) -> str:
             "`class_names` must be a non-empty list of non-empty strings. "
             f"Received: class_names={class_names!r}"
         )
+    # A repeated name would make two labels read as one class.
     if len(set(class_names)) != len(class_names):
         duplicates = sorted({c for c in class_names if list(class_names).count(c) > 1})
         raise ChuteError(f"`class_names` must be unique. Received duplicates: {duplicates!r}")
@@ -284,6 +290,7 @@ def _meta_json(body: dict[str, Any], **extra: Any) -> str:
         **extra,
     }
     try:
+        # allow_nan=False: NaN is not JSON, and other readers refuse it.
         return json.dumps(body, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     except (TypeError, ValueError) as error:
         raise ChuteError(
@@ -300,6 +307,7 @@ def _parse_meta(raw: bytes, where: str) -> dict[str, Any]:
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         raise ChuteError(f"{where} is not a chute model bundle (format {FORMAT!r} expected)")
     version = body.get("version")
+    # bool is an int in Python: true would otherwise pass as version 1.
     if isinstance(version, bool) or not isinstance(version, int):
         raise ChuteError(f"{where} has no valid version. Received: version={version!r}")
     if version > VERSION:
@@ -329,6 +337,7 @@ def _input_shape(model: Any) -> tuple | None:
         shape = tuple(model.inputs[0].shape)
     except (AttributeError, IndexError, TypeError, ValueError):
         return None
+    # Only (batch, height, width, channels) says the image size; anything else is not checked.
     return shape if len(shape) == 4 else None
 
 
@@ -344,6 +353,7 @@ def _check_model(model: Any, num_classes: int, expected: tuple[int, int, int]) -
         )
     try:
         units = model.outputs[0].shape[-1]
+    # A model whose output shape is unknown until called cannot be checked here.
     except (AttributeError, IndexError, TypeError, ValueError):
         return
     if units is not None and units != num_classes:
@@ -357,6 +367,7 @@ def _save_model(model: Any, path: str) -> None:
     """Saves under a temporary name, then renames: a reader never sees half a file."""
     if storage.is_local(path):
         local = storage.local_path(path)
+        # In the same folder, so the rename is atomic; the name must still end in .keras for Keras.
         partial = os.path.join(os.path.dirname(local), ".partial." + MODEL_NAME)
         model.save(partial)
         os.replace(partial, local)
@@ -364,6 +375,7 @@ def _save_model(model: Any, path: str) -> None:
     with tempfile.TemporaryDirectory(prefix="chute-bundle-") as tmp:
         local = os.path.join(tmp, MODEL_NAME)
         model.save(local)
+        # Copied under .tmp, then renamed: on a bucket too, no reader sees half a file.
         storage.copy(local, path + ".tmp")
     storage.rename(path + ".tmp", path)
 

@@ -86,6 +86,7 @@ def index_name(shard_file: str) -> str:
         >>> index_name("train-00000-of-00016.tfrecord")
         'train-00000-of-00016.index'
     """
+    # Not name + ".index": a name starting with another file's whole name confuses ram://.
     return shard_file.removesuffix(SHARD_SUFFIX) + SUFFIX
 
 
@@ -126,6 +127,7 @@ def find(location: str, name: str) -> str | None:
     :func:`index_path`, else, where only that exists, the older layout's
     :func:`old_path` (a dataset written before); None when neither exists.
     """
+    # The new layout first: after `chute index` an old copy may linger beside the shards.
     for path in (index_path(location, name), old_path(location, name)):
         if storage.exists(path):
             return path
@@ -165,6 +167,7 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# eq=False: the generated __eq__ would compare arrays elementwise and fail on truth value.
 @dataclasses.dataclass(frozen=True, eq=False)
 class RecordIndex:
     """One shard's record offsets and lengths (uint64 arrays) and its size in bytes."""
@@ -188,6 +191,7 @@ class RecordIndex:
     def from_lengths(cls, lengths: Sequence[int] | np.ndarray) -> RecordIndex:
         """The index of contiguous records of these lengths (the frame's length fields)."""
         lengths = np.asarray(lengths, dtype=np.uint64)
+        # uint64 throughout: uint64 mixed with int64 gives float64, which loses large offsets.
         ends = np.cumsum(lengths + np.uint64(records.FRAME_OVERHEAD), dtype=np.uint64)
         offsets = np.concatenate([np.zeros(1, np.uint64), ends[:-1]])
         return cls(offsets, lengths, int(ends[-1]) if len(ends) else 0)
@@ -195,6 +199,7 @@ class RecordIndex:
     def to_bytes(self) -> bytes:
         """The index file's bytes (see the module docstring)."""
         header = _HEADER.pack(MAGIC, VERSION, 0, len(self), self.shard_bytes)
+        # Little-endian whatever this machine is: the file has one byte order.
         entries = np.empty((len(self), 2), "<u8")
         entries[:, 0], entries[:, 1] = self.offsets, self.lengths
         return header + entries.tobytes()
@@ -216,6 +221,7 @@ class RecordIndex:
         magic, version, _, count, shard_bytes = _HEADER.unpack_from(data)
         if magic != MAGIC:
             raise bad(f"it starts with {magic!r}, not {MAGIC!r}")
+        # A newer version may change the layout: refused rather than misread.
         if version > VERSION:
             raise ChuteError(
                 f"{where} was written by a newer chute (index version {version}, this chute "
@@ -225,6 +231,7 @@ class RecordIndex:
             raise bad(f"it has {len(data)} bytes, a {count}-record index has {size_for(count)}")
         entries = np.frombuffer(data, "<u8", offset=HEADER_BYTES).reshape(count, 2)
         index = cls(entries[:, 0].astype(np.uint64), entries[:, 1].astype(np.uint64), shard_bytes)
+        # Offsets are redundant with the lengths: recomputing them catches a damaged entry.
         expected = cls.from_lengths(index.lengths)
         if expected != index:
             wrong = np.flatnonzero(expected.offsets != index.offsets)
@@ -299,6 +306,7 @@ def scan(handle: IO[bytes], *, where: str = "the shard", digest: Any = None) -> 
     reader = _Blocks(handle, digest)
     lengths, offset = [], 0
     while True:
+        # 12 bytes: the length (uint64) and its CRC; the data and its CRC follow.
         head = reader.take(12)
         if not head:
             break
@@ -342,6 +350,7 @@ def load(location: str, shard: Shard) -> RecordIndex:
     if path is None:
         raise ChuteError(f"The record index {where} is missing: {fix} again")
     data = storage.read_bytes(path)
+    # Checked against the manifest before parsing: an index of another conversion is refused.
     if sha256(data) != shard.index.sha256:
         raise ChuteError(
             f"The record index {where} differs from the manifest (sha256): "

@@ -67,6 +67,7 @@ class Manifest:
         where = storage.join(self.location, MANIFEST_NAME) if self.location else MANIFEST_NAME
         self.splits = {
             name: split
+            # Parsed once, here: no reader looks a shard's fields up by string afterwards.
             if isinstance(split, Split)
             else parse_split(split, where, f"splits.{name}", self.class_names)
             for name, split in self.splits.items()
@@ -110,6 +111,7 @@ class Manifest:
                 body[field.name] = getattr(self, field.name)
         body["image"] = self.image.to_dict()
         body["splits"] = {name: split.to_dict() for name, split in self.splits.items()}
+        # ensure_ascii=False: class names stay readable in any script, not \u escapes.
         text = json.dumps(body, indent=1, ensure_ascii=False)
         # Keep lists of numbers (per-class counts, sizes) on one line each.
         return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text) + "\n"
@@ -135,6 +137,7 @@ class Manifest:
         version = body.get("version", 0)
         if not checks.is_int(version) or version < 0:
             raise bad(where, "version", version, "a version number")
+        # A newer version may mean something else by the same fields: refused, not misread.
         if version > VERSION:
             raise ChuteError(
                 f"{where} was written by a newer chute (manifest version "
@@ -142,6 +145,7 @@ class Manifest:
             )
         splits = check_structure(body, where)
         fields = {f.name for f in dataclasses.fields(cls)}
+        # Fields this chute does not know (from a hand edit) are left out, not passed on.
         values = {k: v for k, v in body.items() if k in fields}
         values["splits"] = splits
         image = dict(values.get("image") or {})
@@ -160,6 +164,7 @@ class Manifest:
     def save(self, directory: str) -> str:
         """Writes ``manifest.json`` atomically into ``directory``; returns its path."""
         path = storage.join(directory, MANIFEST_NAME)
+        # Atomic: its presence says the conversion is complete, so it must never be half there.
         storage.write_atomic(path, self.to_json().encode("utf-8"))
         return path
 
@@ -197,6 +202,7 @@ def check_structure(body: dict[str, Any], where: str) -> dict[str, Split]:
     image = body.get("image", MISSING)
     if not isinstance(image, dict):
         raise bad(where, "image", image, "an image spec (an object)")
+    # Optional: a hand-written manifest may leave them out, but not make them something else.
     for key in ("options", "source"):
         if not isinstance(body.get(key, {}), dict):
             raise bad(where, key, body[key], "an object")
@@ -234,6 +240,7 @@ def sparse_counts(counts: dict[int, int]) -> dict[str, list[int]]:
         >>> sparse_counts({7: 2, 0: 5, 3: 0})
         {'classes': [0, 7], 'counts': [5, 2]}
     """
+    # Ascending labels, empty classes left out: the same counts always give the same JSON.
     labels = sorted(label for label, count in counts.items() if count)
     return {"classes": labels, "counts": [int(counts[label]) for label in labels]}
 
@@ -262,6 +269,7 @@ def load(path: str | os.PathLike | Manifest) -> Manifest:
     directory, file = manifest_path(path)
     if not storage.exists(file):
         hint = ""
+        # A work folder without a manifest is an interrupted conversion, not a wrong path.
         if storage.exists(storage.join(directory, WORK_DIR)):
             hint = " (a conversion started there but did not finish: run the same convert again)"
         raise ChuteError(f"No {MANIFEST_NAME} in {directory!r}: not a chute dataset{hint}")

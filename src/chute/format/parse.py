@@ -67,6 +67,7 @@ def unframe(framed: bytes | memoryview) -> bytes:
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
     """The varint at ``data[pos:]`` and the position after it."""
     byte = data[pos]
+    # One byte, the common case: answered without the loop.
     if byte < 0x80:
         return byte, pos + 1
     value, shift = 0, 0
@@ -77,6 +78,7 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
+        # Ten bytes hold 64 bits: a longer varint is damage, not a large number.
         if shift > 63:
             raise ChuteError("a varint is longer than 10 bytes")
 
@@ -108,6 +110,7 @@ def _field_at(data: bytes, pos: int, end: int) -> tuple[int, int, int, int]:
 
 
 def _signed(value: int) -> int:
+    # int64 is written as its unsigned two's complement: negative labels come back negative.
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
@@ -180,6 +183,7 @@ def decode_example(serialized: bytes) -> dict[str, list]:
     """
     data = serialized if isinstance(serialized, bytes) else bytes(serialized)
     try:
+        # The fast path for what chute and TensorFlow write; anything else takes the general one.
         return _decode_common(data)
     except (_Unusual, IndexError, UnicodeDecodeError):
         return _decode_any(data)
@@ -280,6 +284,7 @@ def _decode_any(data: bytes) -> dict[str, list]:
                     else:
                         span = (start, part)
                 features[name] = _feature_values(data, *span)
+    # Malformed bytes surface as any of these: one error, naming the record as not an Example.
     except (IndexError, UnicodeDecodeError, struct.error, ChuteError) as error:
         raise ChuteError(f"the record is not a valid tf.train.Example ({error})") from None
     return features

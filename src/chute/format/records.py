@@ -64,11 +64,13 @@ def parse_features(*names: str) -> dict:
 
 
 FRAME_OVERHEAD = 16  # length (8), its CRC (4) and the data's CRC (4) around each record
+# TFRecord's mask constant: a CRC stored masked so that CRCs of CRCs do not look valid.
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
 _U64 = (1 << 64) - 1
 
 
+# Small values (labels, channels) are the common case: one cached byte, no loop.
 _ONE_BYTE = [bytes((i,)) for i in range(128)]
 
 
@@ -77,6 +79,7 @@ def _varint(value: int) -> bytes:
         return _ONE_BYTE[value]
     value &= _U64  # negative int64 values are encoded as 10-byte two's complement
     out = bytearray()
+    # Seven bits a byte, low first; the high bit says another byte follows.
     while True:
         byte = value & 0x7F
         value >>= 7
@@ -96,6 +99,7 @@ def _feature(values: Sequence[bytes] | Sequence[int]) -> bytes:
     if values and isinstance(values[0], bytes | bytearray | memoryview):
         bytes_list = b"".join(_field(1, bytes(v)) for v in values)
         return _field(1, bytes_list)  # Feature.bytes_list
+    # Packed, as protobuf serialises repeated int64 by default: the same bytes as TensorFlow's.
     packed = b"".join(_varint(int(v)) for v in values)
     return _field(3, _field(1, packed))  # Feature.int64_list, packed values
 
@@ -114,6 +118,7 @@ def encode_example(features: Mapping[str, Sequence[bytes] | Sequence[int]]) -> b
 
 def masked_crc(data: bytes) -> int:
     """TFRecord's masked CRC32C of ``data`` (bytes)."""
+    # google_crc32c: CRC32C in C, far faster than Python and no TensorFlow import.
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
 
@@ -129,6 +134,7 @@ def frame(record: bytes) -> bytes:
     )
 
 
+# Label, channels and size repeat from image to image: their entries are built once.
 @functools.lru_cache(maxsize=8192)
 def _entry(name: str, value: bytes | int | tuple[int, ...]) -> bytes:
     """One serialised map entry of ``Features.feature`` (cached: most repeat)."""
@@ -171,6 +177,7 @@ def image_example(
             _entry(CLASS, label),
             _entry(ENCODING, encoding.encode()),
             _bytes_entry_head(IMAGE, len(image)),
+            # The image goes in as it is: the head before it is built from its length alone.
             image,
             _bytes_entry_head(KEY, len(key_bytes)),
             key_bytes,

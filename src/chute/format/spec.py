@@ -24,6 +24,7 @@ from chute.errors import ChuteError
 ENCODINGS = ("raw", "png", "jpeg")
 RESIZE_MODES = ("stretch", "crop", "pad")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "area", "lanczos")
+# JPEG's own limit on a side: its header holds each as 16 bits.
 MAX_SIDE = 65535
 
 

@@ -60,6 +60,7 @@ class _Stored(Mapping):
         return NotImplemented
 
     def __hash__(self) -> int:
+        # Hashed like it compares, so equal records are one key in a dict or set.
         return hash(_compared(self))
 
 
@@ -120,6 +121,7 @@ class Shard(_Stored):
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form, key for key as the shard writer writes it."""
+        # Written back as it was read: the record still equals its stored object (see _Stored).
         if self.listed:
             counts: Any = [count for _, count in self.class_counts]
         else:
@@ -180,6 +182,7 @@ class Split(_Stored):
 def bad(where: str, field: str, value: Any, allowed: str) -> ChuteError:
     """The error for a manifest field that is not what chute writes: it names the file,
     the field, what it must be and what it holds (or that it is missing)."""
+    # At most 200 characters: a hand-edited list of thousands of counts would flood the message.
     received = f"{field} is missing" if value is MISSING else f"{field}={value!r:.200}"
     return ChuteError(
         f"{where} is not a valid chute manifest: `{field}` must be {allowed}. "
@@ -203,7 +206,9 @@ def check_shard_file(name: Any, field: str = "file", where: str = "manifest.json
     plain = (
         isinstance(name, str)
         and name not in ("", ".", "..")
+        # "\0": a NUL would cut the path short in the C functions that open it.
         and not any(sep in name for sep in ("/", "\\", "\0"))
+        # A drive letter would make an absolute Windows path out of a plain join.
         and not re.match(r"^[A-Za-z]:", name)
     )
     if not plain:
@@ -247,6 +252,7 @@ def parse_shard(shard: Any, where: str, field: str, names: list[str] | None) -> 
         count(where, f"{field}.{k}", shard.get(k, MISSING)) for k in ("num_records", "bytes")
     )
     digest = shard.get("sha256", MISSING)
+    # Lowercase only: the sha256s are compared as strings, and chute writes them lowercase.
     if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
         raise bad(where, f"{field}.sha256", digest, "the shard's sha256 (64 lowercase hex digits)")
     stored = shard.get("class_counts", MISSING)
@@ -302,6 +308,7 @@ def _sparse_counts(
     labels, counts = value.get("classes", MISSING), value.get("counts", MISSING)
     if not isinstance(labels, list) or not all(checks.is_int(c) for c in labels):
         raise bad(where, f"{field}.classes", labels, "a list of labels")
+    # A label twice would count its class twice in the split's totals.
     if len(set(labels)) != len(labels):
         raise bad(where, f"{field}.classes", labels, "a list of distinct labels")
     beyond = [label for label in labels if names is not None and not 0 <= label < len(names)]

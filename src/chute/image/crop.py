@@ -63,8 +63,10 @@ def centre_window(height: int, width: int, size: tuple[int, int], fraction: floa
         (0, 0, 64, 64)
     """
     aspect = size[1] / size[0]
+    # float32, as tf_ops.centre_crop computes it: float64 would round some sizes the other way.
     window_height = np.float32(min(height, width / aspect) * fraction)
     window_width = np.float32(min(width, height * aspect) * fraction)
+    # np.round: half to even, as TensorFlow rounds; int() alone would truncate.
     crop_height = max(1, int(np.round(window_height)))
     crop_width = max(1, int(np.round(window_width)))
     return (height - crop_height) // 2, (width - crop_width) // 2, crop_height, crop_width
@@ -85,7 +87,9 @@ def random_window(
         (0, 0, 10, 10)
     """
     area = height * width
+    # Log-uniform: a ratio and its inverse (tall and wide) are equally likely.
     low, high = math.log(ratio[0]), math.log(ratio[1])
+    # Ten tries, as Inception's crop: a tight scale and ratio may not fit a thin image.
     for _ in range(10):
         target = area * rng.uniform(scale[0], scale[1])
         aspect = math.exp(rng.uniform(low, high))
@@ -119,11 +123,13 @@ def decode(
         flags = _REDUCED[(channels, reduce)]
     else:
         flags = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
+    # IGNORE_ORIENTATION: the stored pixels as they are, as TensorFlow's decoders read them.
     pixels = cv2.imdecode(buffer, flags | cv2.IMREAD_IGNORE_ORIENTATION)
     if pixels is None:
         raise ValueError(f"a {encoding} image that does not decode")
     if channels == 1:
         return pixels.reshape(*pixels.shape[:2], 1)
+    # OpenCV decodes to BGR; every other decoder in chute gives RGB.
     return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
 
 
@@ -150,6 +156,7 @@ def window_pixels(
     top, left, height, width = window
     reduce = 1
     if encoding == "jpeg" and not exact:  # a scaled decode is not the whole one, resized
+        # The largest reduction that still covers the output: least decoding, no upscaling.
         for factor in (8, 4, 2):
             if height // factor >= size[0] and width // factor >= size[1]:
                 reduce = factor
@@ -191,6 +198,7 @@ def resized(
         (size[1], size[0]),
         interpolation=FILTERS[interpolation],
     )
+    # Clipped: bicubic and lanczos overshoot past 0 and 255 near edges.
     out = np.clip(np.round(out), 0, 255).astype(np.uint8)
     return out.reshape(size[0], size[1], channels)
 
@@ -220,6 +228,7 @@ def _half_pixel(out: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     scale = np.float32(size) / np.float32(out)
     position = (np.arange(out, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
     floor = np.floor(position)
+    # Clamped at the borders, as TensorFlow's kernel: the first half pixel repeats the edge.
     lower = np.maximum(floor.astype(np.int64), 0)
     upper = np.minimum(np.ceil(position).astype(np.int64), size - 1)
     return lower, upper, position - floor

@@ -72,6 +72,7 @@ def _png_has_chunk(data: bytes, types: tuple[bytes, ...]) -> bool:
     Walks the chunk headers: a few per file, cheaper than searching the bytes
     (and a type's letters inside compressed data are not a chunk).
     """
+    # 8: past the PNG signature, at the first chunk.
     position, end = 8, len(data)
     while position + 8 <= end:
         length = int.from_bytes(data[position : position + 4], "big")
@@ -80,6 +81,7 @@ def _png_has_chunk(data: bytes, types: tuple[bytes, ...]) -> bool:
             return True
         if kind == b"IEND":
             return False
+        # 12: the chunk's length, type and CRC around its data.
         position += 12 + length
     return True  # truncated or malformed: let Pillow look at it
 
@@ -96,6 +98,7 @@ def _png_fast(data: bytes, spec: ImageSpec, max_pixels: int) -> np.ndarray | Non
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     bit_depth, color_type = data[24], data[25]
     wanted = {1: 0, 3: 2}[spec.channels]  # PNG colour type 0: grayscale, 2: RGB
+    # Anything unusual, or too large, goes to Pillow, whose checks give the reject messages.
     if bit_depth != 8 or color_type != wanted or width * height > max_pixels:
         return None
     if _png_has_chunk(data, (b"eXIf", b"tRNS")):  # orientation or transparency: Pillow decides
@@ -130,6 +133,7 @@ def _load(payload: Any, spec: ImageSpec, max_pixels: int) -> tuple[Image.Image, 
         image.load()  # full decode: truncated and corrupt data fail here
     except Exception as error:  # untrusted bytes: any decoder failure is a bad file
         raise Rejected(f"corrupt or truncated image data: {error}") from None
+    # After the decode: the draft above was sized for the frame as stored, turned or not.
     if exif_orientation != 1:
         image = ImageOps.exif_transpose(image)
     original = data if keep else None
@@ -154,6 +158,7 @@ def _scale_while_decoding(image: Image.Image, spec: ImageSpec, exif_orientation:
     needed_height, needed_width = needed
     if sideways:
         needed_height, needed_width = needed_width, needed_height
+    # Only when at least a halving fits: draft's scales are 1/2, 1/4 and 1/8.
     if needed_width * 2 <= width and needed_height * 2 <= height:
         image.draft(image.mode, (needed_width, needed_height))
 
@@ -201,6 +206,7 @@ def load_pixels(
             pixels = resize(pixels, spec.height, spec.width, spec.resize, spec.interpolation)
         elif (size := stored_size(spec, *pixels.shape[:2])) is not None:  # shorter side capped
             pixels = resize(pixels, *size, "stretch", spec.interpolation)
+    # Already a reject with its reason: not wrapped again.
     except Rejected:
         raise
     except Exception as error:  # untrusted images: a failure rejects this one only

@@ -32,6 +32,7 @@ def stored_bytes(pixels: np.ndarray, original: bytes | None, spec: ImageSpec) ->
         >>> stored_bytes(np.zeros((2, 2), np.uint8), None, ImageSpec(2, 2, 1, "png"))[:4]
         b'\\x89PNG'
     """
+    # An upright JPEG kept at its size: its own bytes, not a second lossy encoding.
     if original is not None:
         return original
     if spec.encoding == "raw":

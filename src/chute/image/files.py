@@ -91,6 +91,7 @@ def image_files(top: str, outer: frozenset[str] = frozenset()) -> list[str]:
                 continue
             if is_dir:
                 real = os.path.realpath(entry.path)
+                # Only a folder on the current path makes a loop; one linked twice is read twice.
                 if real in ancestors:
                     log.warning("skipping symlink loop at %s", entry.path)
                     continue

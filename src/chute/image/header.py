@@ -80,6 +80,7 @@ def open_image(source: bytes | Any, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
         source = io.BytesIO(source)
     try:
         with warnings.catch_warnings():
+            # Pillow warns about odd files while opening; what matters is whether they decode.
             warnings.simplefilter("ignore")
             image = Image.open(source)
     except UnidentifiedImageError:
@@ -91,6 +92,7 @@ def open_image(source: bytes | Any, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
     except Exception as error:  # untrusted bytes: any parser failure is a bad file
         raise Rejected(f"unreadable image header: {describe_error(error)}") from None
     width, height = image.size
+    # From the header alone: a bomb is refused before a single pixel is decoded.
     if width * height > max_pixels:
         raise Rejected(
             f"too many pixels: {width}x{height} = {width * height} > max_pixels {max_pixels}"
@@ -132,6 +134,7 @@ def probe_header(handle: Any, size: int, max_pixels: int) -> Probe:
         raise Rejected("empty file (0 bytes)")
     image = open_image(handle, max_pixels)
     width, height = image.size
+    # These orientations turn the image a quarter: its upright height is the stored width.
     if orientation(image) in (5, 6, 7, 8):
         width, height = height, width
     gray = image.mode in _GRAY_MODES or (image.mode == "P" and _palette_is_gray(image))

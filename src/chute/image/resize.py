@@ -46,6 +46,7 @@ def resize(
         [0, 0, 0, 0]
     """
     src_h, src_w = pixels.shape[:2]
+    # Aspect ratios compared by cross-multiplying: no float rounding decides a tie.
     if mode != "stretch" and src_w * height != src_h * width:
         if (src_w * height > src_h * width) == (mode == "crop"):
             # crop: too wide -> narrow the window; pad: too tall -> widen the canvas
@@ -98,6 +99,8 @@ def decoded_size(spec: ImageSpec, height: int, width: int) -> tuple[int, int] | 
         return None
     if not spec.fixed_size or spec.resize == "stretch":
         return target
+    # crop: the window must cover the target, so the larger scale; pad: the whole image fits.
     pick = max if spec.resize == "crop" else min
     scale = pick(target[0] / height, target[1] / width)
+    # Rounded up: a decode at this size must never fall short of what the resize needs.
     return math.ceil(height * scale), math.ceil(width * scale)

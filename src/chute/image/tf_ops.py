@@ -48,6 +48,7 @@ def image_shape(data, stored: ImageSpec):
     """``[height, width, channels]`` (int32) of one stored image, without decoding it
     when the header tells (JPEG) or the spec does (raw)."""
     if stored.encoding == "jpeg":
+        # From the header alone: the crop window is known before anything is decoded.
         return tf.image.extract_jpeg_shape(data)
     if stored.encoding == "raw":
         return tf.constant(stored.shape, tf.int32)
@@ -137,5 +138,6 @@ def _resized(image, size, stored: ImageSpec):
         return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
 
     same = tf.logical_and(tf.equal(shape[0], height), tf.equal(shape[1], width))
+    # At the output size already: the stored pixels as they are, no resampling.
     image = tf.cond(same, lambda: image, resize)
     return tf.ensure_shape(image, (height, width, stored.channels))

@@ -90,6 +90,7 @@ class BeamJob:
     """
 
     def __init__(self, runner: str | None, pipeline_args: Sequence[str] | Any = None):
+        # Beam options mean nothing without a runner to run them.
         if runner is None:
             raise ChuteError(
                 "`pipeline_args` are Beam pipeline options: they need a `runner` (one of "
@@ -113,6 +114,7 @@ class BeamJob:
         from chute.ingest.sources import archives, webdataset
 
         if archives.is_archive(source) or (
+            # A pattern that is no file names WebDataset shards, which local workers read.
             webdataset.is_pattern(source) and not storage.exists(source)
         ):
             raise self._archive(source)
@@ -122,6 +124,7 @@ class BeamJob:
                 "array source converts in seconds without it. Received: "
                 f"runner={self.runner!r}, source={source!r}; drop the runner"
             )
+        # Dataflow's workers run on other machines: a local output would land on theirs.
         if self.runner == "DataflowRunner" and not _shared(output):
             raise ChuteError(
                 "`output` must be where Dataflow's workers can write it (gs://...). Received: "
@@ -185,6 +188,7 @@ class BeamJob:
         pipeline = self._pipeline()
         _build(self._beam, pipeline, [shard.name for shard in todo], done, spec, output, options)
         state = pipeline.run().wait_until_finish()
+        # The state's last word: runners spell it "PipelineState.DONE" or "DONE".
         if str(state).rsplit(".", 1)[-1] != "DONE":
             raise ChuteError(
                 f"The Beam job ended in state {state} (runner={self.runner!r}); run the same "
@@ -280,6 +284,7 @@ def _shared(path: str) -> bool:
 
 
 def _threads(output: str) -> int:
+    # A local disk gains nothing from threads; a bucket's latency is what they hide.
     return 1 if storage.is_local(output) else _IO_THREADS
 
 
@@ -385,6 +390,7 @@ def _kept_hashes(name, output):
     rank = _rank(name)
     for digest, fate in writer.read_note(output, name)["outcomes"]:
         if not writer.rejected(fate):
+            # No shard name: the copy takes part in the leak rule but is not written again.
             yield bytes.fromhex(digest), ("", -1, rank)
 
 
@@ -393,6 +399,7 @@ def _decide(group):
     that holds it (train, then val, then test), dropped elsewhere, as LeakGuard decides."""
     _, copies = group
     copies = list(copies)
+    # Every copy in the best split is kept: duplicates within a split are no leak.
     best = min(rank for _, _, rank in copies)
     for name, position, rank in copies:
         if name:  # not a shard an earlier run wrote

@@ -148,8 +148,10 @@ def convert(
     options = _options(options, option_values)
     workers = worker_pool.check_workers(workers)
     beam = _beam_job(runner, pipeline_args)  # checked (and Beam imported) before any work
+    # A trailing slash would make two names for one output (and its lock); "/" stays itself.
     source, output = os.fspath(source), os.fspath(output).rstrip("/") or "/"
     _check_not_inside(source, output)
+    # Before the scan: what Beam's workers could not read or write is refused at once.
     if beam is not None:
         beam.check_paths(source, output)
     with contextlib.ExitStack() as stack:
@@ -162,6 +164,7 @@ def convert(
             source, output, options, sources.container_files(source)
         )  # fmt: skip
         if done is None:
+            # Under the lock, so no other conversion of this output is using the scratch folders.
             lock.remove_stale_scratch(output)
             # closing the source deletes what a compressed tar was unpacked to
             found = stack.enter_context(_scan(source, output, options, allow_outside, progress))
@@ -173,6 +176,7 @@ def convert(
             log.info("%s already holds this conversion; nothing to do", output)
             resume.remove_work_dir(output)
             return ConvertResult(done, output, already_done=True)
+        # Under one chunk of work, starting worker processes costs more than it saves.
         processes = workers if len(found.items) > ENCODE_CHUNK else 1
         pool = stack.enter_context(worker_pool.start_pool(processes, on_crash=_crashed))
         plan = _plan(source, found, options, output, pool, progress)
@@ -191,12 +195,14 @@ def _terminated_as_exit() -> Iterator[None]:
     only in the main thread, and only where SIGTERM's default (die at once) is in force."""
     if (
         threading.current_thread() is not threading.main_thread()
+        # A handler of the caller's own (a framework, a test) is left in charge.
         or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     ):
         yield
         return
 
     def terminate(signum: int, frame: object) -> None:
+        # 128 + signal number: the status a shell reports for a process killed by that signal.
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)
@@ -229,8 +235,10 @@ def _beam_job(runner: str | None, pipeline_args: Sequence[str] | Any) -> BeamJob
 
 
 def _check_not_inside(source: str, output: str) -> None:
+    # Only two local paths can nest; a keras: name is no folder at all.
     if source.startswith("keras:") or not (storage.is_local(source) and storage.is_local(output)):
         return
+    # realpath: a symlink or a relative path must not hide that output lies inside.
     src = os.path.realpath(storage.local_path(source))
     out = os.path.realpath(storage.local_path(output))
     if os.path.isdir(src) and (out == src or out.startswith(src + os.sep)):
@@ -253,6 +261,7 @@ def _scan(
     """The source's items and class names, once ``output`` is known to be writable; what
     a compressed tar or Parquet files are unpacked to is named after ``output``."""
     storage.check_output(output, "output")
+    # Scratch named after the output, so a later run can find and remove what a crash left.
     with scratch_named(lock.scratch_prefix(output)):
         found = sources.scan(
             source,
@@ -304,6 +313,7 @@ def _crashed(function: str, task: tuple, code: int) -> list:
         f"{len(task[0])} files holding this one"
     )
     if function == "probe_chunk":
+        # Every file of the chunk is rejected: which one crashed the worker cannot be told.
         return [Probe(reason, False, 0, 0, "", 0) for _ in task[0]]
     return [Encoded(None, None, reason) for _ in task[0]]
 
@@ -361,6 +371,7 @@ def _plan(
         raise _why_no_images(error.classes, found, rejects, output) from None
     if probes is None and spec.encoding != "raw":
         step = max(1, len(found.items) // _SIZE_SAMPLE)  # enough to estimate shard sizes
+        # A sample only: the records' size is estimated, every file is read in full later anyway.
         probes = _probe(found, everything[::step], options, pool, None)
     shards = layout.plan_shards(split.indices, layout.bytes_per_record(spec, probes or []), options)
     return _Plan(sources.source_identity(source), found, options, output, spec, shards, rejects)
@@ -377,6 +388,7 @@ def _why_no_images(
     def class_of(key: str) -> str | None:
         if key in label_of:
             return found.class_names[label_of[key]]
+        # A reject from scanning has no item: its class is the folder name in its key.
         return next((part for part in key.split("/") if part in names), None)
 
     shown = []
@@ -390,6 +402,7 @@ def _why_no_images(
         shown.append(f"{name!r}: {len(theirs)} refused, {first}{more}")
     reasons = ". " + ". ".join(shown)
     if rejects:
+        # Written even though the conversion fails: the user needs the whole list to fix it.
         resume.write_rejects(output, sorted(rejects, key=lambda r: r["key"]))
         where = storage.join(output, resume.REJECTS_NAME)
         reasons += f". All {len(rejects)} refused inputs are listed in {where}"
@@ -420,6 +433,7 @@ class _Tally:
             item = self.found.items[index]
             if replay and not writer.rejected(fate):
                 self.guard.admit(bytes.fromhex(digest), item.key, item.label, shard.split)
+            # NUL separators: no key or label can contain one, so no two inputs hash alike.
             self.fingerprint.update(f"{item.key}\0{item.label}\0{shard.split}\0{digest}\0".encode())
             if writer.rejected(fate):
                 self.rejects.append({"key": item.key, "reason": fate})
@@ -463,10 +477,12 @@ def _start_writing(
     stamp = {
         "source": plan.source,
         "options": plan.options.to_dict(),
+        # A digest of which item goes to which shard: a kept shard must hold the same items.
         "layout": hashlib.sha256(json.dumps(assignment).encode()).hexdigest(),
         "spec": plan.spec.to_dict(),
     }
     resume.start_work(plan.output, stamp)
+    # A finished folder holds only its own shards, not those of an interrupted other plan.
     resume.remove_orphans(plan.output, {shard.name for shard in plan.shards})
     changed = resume.changed_since_start(plan.output, files)
     # a listing of containers (archives, Parquet files) names no item: any change is all
@@ -500,6 +516,7 @@ class _LocalWorkers:
         """Each shard with its note, in plan order, and whether the note is an earlier
         run's (the shard was not written again)."""
         todo = [shard for shard in plan.shards if notes[shard.name] is None]
+        # Ordered results: shards are written in plan order, so their bytes never depend on timing.
         results = self.pool.ordered("encode_chunk", _encode_tasks(plan, todo))
         for shard in plan.shards:
             note = notes[shard.name]
@@ -558,6 +575,7 @@ def _write_shard(plan: _Plan, shard: layout.Shard, results: Iterator, guard: Lea
 
     def admit(position: int, digest: bytes) -> bool:
         item = items[shard.indices[position]]
+        # In writing order, so which copy of a duplicate is kept does not depend on the workers.
         return guard.admit(digest, item.key, item.label, shard.split)
 
     return writer.write_shard(plan.output, shard.name, chunks(), admit=admit)

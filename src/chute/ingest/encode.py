@@ -52,9 +52,11 @@ def encode_chunk(
         digest = None
         try:
             if isinstance(payload, np.ndarray):
+                # The shape in the hash: the same bytes in another shape are another image.
                 digest = hashlib.sha256(str(payload.shape).encode() + payload.tobytes()).digest()
             else:
                 payload = read(payload, max_pixels)
+                # The file's own bytes, hashed as read: each file is read only once.
                 digest = hashlib.sha256(payload).digest()
             out.append(Encoded(digest, encode_one(key, label, payload, spec, max_pixels), None))
         except Rejected as reason:

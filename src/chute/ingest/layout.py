@@ -59,6 +59,7 @@ def image_spec(options: ConvertOptions, probes: list[Probe] | None) -> ImageSpec
             f"{next((p.reject for p in probes), '')}). Check the source"
         )
     if options.color_mode == "auto":
+        # Grayscale only when every image is: one colour image would lose its colours otherwise.
         channels = 1 if all(p.grayscale for p in usable) else 3
     else:
         channels = 1 if options.color_mode == "grayscale" else 3
@@ -79,6 +80,7 @@ def image_spec(options: ConvertOptions, probes: list[Probe] | None) -> ImageSpec
     if encoding == "auto":
         jpeg_share = sum(p.format == "JPEG" for p in usable) / len(usable)
         if options.keep_size:
+            # Own sizes: JPEG only when every file is one (stored untouched); else PNG.
             encoding = "jpeg" if jpeg_share == 1.0 else "png"
         elif options.shorter_side:  # scaled photos: re-encoded anyway
             encoding = "jpeg" if jpeg_share >= 0.5 else "png"
@@ -112,6 +114,7 @@ def bytes_per_record(spec: ImageSpec, probes: list[Probe]) -> float:
     for p in usable:
         if spec.shorter_side and p.height:
             scale = min(1.0, spec.shorter_side / min(p.height, p.width))
+            # Bytes scale with the area: the square of the side's scale.
             total += p.nbytes * scale * scale
         elif spec.height is None:
             total += p.nbytes
@@ -172,18 +175,14 @@ def shard_runs(
 def evaluation_min_records(train_records_per_shard: int) -> int:
     """The records each val or test shard keeps at least when an explicit ``min_shards``
     cuts the split: 64 (``MIN_RECORDS_PER_SHARD``), or a quarter of a train shard's
-    records when those are fewer.
-
-    ``min_shards`` is for the train split's readers: a training split is read in a
-    shuffled order of its files, shared out by file among hosts and workers. An
-    evaluation split is read once per epoch, in order, with the same parallel
-    reads; cut much finer than the train split (``--min-shards 16`` made a
-    12-image val split 12 one-image shards) its files only add opens.
+    records when those are fewer (``min_shards`` is for the train split's readers).
 
     Example:
         >>> evaluation_min_records(74), evaluation_min_records(10_000)
         (18, 64)
     """
+    # An evaluation split is read once an epoch, in order: cut as finely as the train split
+    # (--min-shards 16 made a 12-image val split 12 shards), its files only add opens.
     return min(MIN_RECORDS_PER_SHARD, train_records_per_shard // EVALUATION_SHARD_SHARE)
 
 
@@ -223,6 +222,7 @@ def plan_shards(
             min_records=0 if split == "train" else min_records,
         )
         if split == "train":
+            # Train first (its order in splits): val and test then know a train shard's size.
             min_records = evaluation_min_records(len(indices) // len(runs))
         for number, (start, stop) in enumerate(runs):
             planned.append(Shard(split, shard_name(split, number, len(runs)), indices[start:stop]))

@@ -85,6 +85,7 @@ def _take(path: str, me: dict) -> bool:
     text = json.dumps(me).encode()
     if storage.is_local(path):
         try:
+            # O_EXCL: the create itself fails if another process made the file first.
             handle = os.open(storage.local_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return False
@@ -107,6 +108,7 @@ def _holder(path: str) -> dict | None:
 
 def _alive(holder: dict) -> bool:
     """Whether the process holding a lock may still run (another machine: assume so)."""
+    # Another machine's pid cannot be checked from here: its lock is taken as held.
     if holder["host"] != socket.gethostname():
         return True
     try:
@@ -127,6 +129,7 @@ def scratch_prefix(output: str) -> str:
     compressed tar or Parquet files to: ``chute-unpack-<output's tag>-<pid>-``, so that
     a later conversion into the same ``output`` recognises (and removes) what a killed
     one left behind."""
+    # The pid in the name: a later run tells a live conversion's scratch from a dead one's.
     return f"{_scratch_tag(output)}{os.getpid()}-"
 
 

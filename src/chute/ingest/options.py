@@ -169,6 +169,7 @@ class ConvertOptions:
     def to_dict(self) -> dict[str, Any]:
         """The options as JSON-ready values (tuples become lists)."""
         out = dataclasses.asdict(self)
+        # A list, as JSON gives it back: a stored stamp then compares equal to a fresh one.
         out["image_size"] = list(self.image_size) if self.image_size else None
         return out
 

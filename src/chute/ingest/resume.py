@@ -64,6 +64,7 @@ class Conversion:
     @classmethod
     def of(cls, source: str, options: dict[str, Any] | None) -> Conversion:
         """From a source as named and options as stored (a manifest's, a plan's, or now)."""
+        # Today's defaults under the stored options: an older chute's stamp still compares.
         return cls(source_identity(source), {**ConvertOptions().to_dict(), **(options or {})})
 
     def changes_from(self, previous: Conversion) -> list[str]:
@@ -107,6 +108,7 @@ def read_folder(output: str) -> Folder:
     """
     if not storage.check_output(output, "output"):
         return Folder(FolderState.NEW)
+    # The manifest first: it is written last, so it alone says the conversion ended.
     if storage.exists(storage.join(output, manifest_lib.MANIFEST_NAME)):
         manifest = manifest_lib.load(output)
         holds = Conversion.of(manifest.source.get("location") or "", manifest.options)
@@ -210,6 +212,7 @@ def finished_before_scan(
     source: only for sources read from files whose size and time tell a change
     (``files``: archives, Parquet, ``.npz``, WebDataset shards; None otherwise).
     None means: scan, then :func:`existing_state` decides."""
+    # Without container files, only a scan can tell whether the source changed.
     if files is None or not storage.exists(storage.join(output, manifest_lib.MANIFEST_NAME)):
         return None
     folder = read_folder(output)
@@ -254,6 +257,7 @@ def _diff(before: dict[str, tuple[int, int]], rows: list[ListingRow]) -> list:
     now = {key: (size, mtime) for key, size, mtime in rows}
     added = sorted(set(now) - set(before))
     removed = sorted(set(before) - set(now))
+    # Size or modification time: a file rewritten in place changes one or the other.
     changed = sorted(k for k in set(now) & set(before) if now[k] != before[k])
     return (
         [("added", k) for k in added]
@@ -306,6 +310,7 @@ def remove_orphans(output: str, planned: set[str]) -> None:
 
 def _is_shard(name: str) -> bool:
     """Whether ``name`` is a shard file or a shard's record index."""
+    # An index beside the shards is judged by the shard name it belongs to.
     if name.endswith(record_index.SUFFIX):
         name = name.removesuffix(record_index.SUFFIX) + record_index.SHARD_SUFFIX
     return bool(SHARD_NAME.match(name))
@@ -327,6 +332,7 @@ def start_work(output: str, stamp: dict) -> None:
     work = storage.join(output, WORK_DIR)
     storage.makedirs(work)
     plan_file = storage.join(work, _PLAN)
+    # Another plan's finished shards must not be kept: its notes are dropped with the folder.
     if storage.exists(plan_file) and json.loads(storage.read_bytes(plan_file)) != stamp:
         log.warning("the source changed since the interrupted run; starting over")
         storage.rmtree(work)

@@ -35,8 +35,10 @@ def _allocate(sizes: list[int], fraction: float, caps: list[int], rng: random.Ra
     """How many items each class gives: exact global total, stratified, within caps."""
     if fraction <= 0:
         return [0] * len(sizes)
+    # The global count is exact (rounded once), not the sum of each class's rounding.
     target = min(round(sum(sizes) * fraction), sum(caps))
     shares = [min(math.floor(n * fraction), cap) for n, cap in zip(sizes, caps, strict=True)]
+    # Equal remainders are broken by a seeded draw, not by label: no class is always favoured.
     tiebreak = list(range(len(sizes)))
     rng.shuffle(tiebreak)
     order = sorted(
@@ -44,6 +46,7 @@ def _allocate(sizes: list[int], fraction: float, caps: list[int], rng: random.Ra
         key=lambda c: (-(sizes[c] * fraction - math.floor(sizes[c] * fraction)), tiebreak[c]),
     )
     missing = target - sum(shares)
+    # Round by round, one each, largest remainder first, until the target or every cap is met.
     while missing > 0:
         progressed = False
         for c in order:
@@ -107,12 +110,15 @@ def split_items(
 
     sizes = [len(members) for members in train_by_class]
     rng = random.Random(f"{seed}/allocate")
+    # Capped at n - 1: every class keeps at least one training image.
     val = _allocate(sizes, val_fraction, [max(0, n - 1) for n in sizes], rng)
     test = _allocate(
         sizes, test_fraction, [max(0, n - 1 - v) for n, v in zip(sizes, val, strict=True)], rng
     )
     for label, members in enumerate(train_by_class):
+        # Sorted by key first: the split depends on the seed, not on the order the source listed.
         members = sorted(members, key=lambda i: items[i].key)
+        # A generator per class, keyed by its name: adding a class does not reshuffle the others.
         random.Random(f"{seed}/split/{class_names[label]}").shuffle(members)
         by_split["val"] += members[: val[label]]
         by_split["test"] += members[val[label] : val[label] + test[label]]
@@ -156,6 +162,7 @@ class LeakGuard:
         first = self._first.setdefault(digest, (split, key, label))
         if first == (split, key, label):
             return True
+        # A copy within the same split is no leak: kept, and only reported.
         keep = _RANK[split] <= _RANK[first[0]]
         self._copies.setdefault(digest, [(*first, True)]).append((split, key, label, keep))
         return keep

@@ -31,6 +31,7 @@ from chute.machine import available_cores
 
 log = logging.getLogger(__name__)
 
+# A message's length, so the reader knows where one pickle ends: pipes carry bytes only.
 _HEADER = struct.Struct("<Q")
 
 
@@ -79,6 +80,7 @@ def chunk_bounds(length: int, size: int) -> list[tuple[int, int]]:
         >>> chunk_bounds(128, 64), chunk_bounds(0, 64)
         ([(0, 64), (64, 128)], [])
     """
+    # The fewest chunks first, then spread evenly: no chunk is left with a handful of items.
     count = -(-length // size)
     return [(length * i // count, length * (i + 1) // count) for i in range(count)]
 
@@ -118,7 +120,9 @@ class WorkerPool:
     """
 
     def __init__(self, workers: int, *, module: str = __name__, on_crash: Callable | None = None):
+        # The folder holding chute: a worker imports this very copy, even from a source checkout.
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        # PYTHONSAFEPATH (Python 3.11+) keeps the current folder off sys.path; _BOOTSTRAP too.
         self._env = dict(os.environ, PYTHONSAFEPATH="1")
         self._env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [package_root, self._env.get("PYTHONPATH")])
@@ -167,6 +171,7 @@ class WorkerPool:
             with contextlib.suppress(BrokenPipeError):
                 _send(self._procs[worker].stdin, (function, task))
             in_flight.append(worker)
+            # The window is full: the oldest result is read before more is sent (bounded memory).
             if len(in_flight) >= window:
                 yield self._result(in_flight.pop(0))
         while in_flight:
@@ -201,6 +206,7 @@ class WorkerPool:
         pending = self._pending[worker]
         function, task, tries, cost = pending[0]
         crashed = None
+        # Twice on one task: that task is the cause, not bad luck, so it is given up.
         if tries >= 2 or self._on_crash is None:
             if self._on_crash is None:
                 raise ChuteError(
@@ -215,6 +221,7 @@ class WorkerPool:
             log.warning("a worker process died (exit code %d); starting another", code)
             pending[0][2] += 1
         self._procs[worker] = self._start()
+        # The replacement starts with nothing: every task the dead one held is sent again, in order.
         for function, task, *_ in pending:
             with contextlib.suppress(BrokenPipeError):  # died again: read, noticed, replaced
                 _send(self._procs[worker].stdin, (function, task))
@@ -229,6 +236,7 @@ class WorkerPool:
                 proc.stdin.close()
         for proc in self._procs:
             try:
+                # A worker ends once stdin closes and its task is done; a hung one is killed.
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
@@ -288,6 +296,7 @@ def serve(table: dict | None = None) -> None:
             try:
                 tasks.put(_receive(stdin))
             except EOFError:
+                # None: the parent closed stdin, so the loop below ends.
                 tasks.put(None)
                 return
 
@@ -301,6 +310,7 @@ def serve(table: dict | None = None) -> None:
         except Exception:
             import traceback
 
+            # The traceback as text: the exception itself may not pickle.
             _send(stdout, ("error", traceback.format_exc()))
 
 

@@ -55,6 +55,7 @@ def fate(reject: str | None, admit: Callable[[], bool]) -> str:
         >>> fate("truncated", lambda: True), fate(None, lambda: True), fate(None, lambda: False)
         ('truncated', '', 'leak')
     """
+    # A rejected record was never encoded: there is nothing to weigh against the other splits.
     if reject is not None:
         return reject
     return KEPT if admit() else LEAK
@@ -102,6 +103,7 @@ def write_shard(
         for chunk in chunks:
             kept, labels = [], []
             for label, digest, record, reject in chunk:
+                # len(outcomes): the record's position in the shard, kept or not.
                 outcome = fate(reject, functools.partial(admit, len(outcomes), digest))
                 outcomes.append((digest.hex() if digest else None, outcome))
                 if outcome == KEPT:
@@ -109,6 +111,7 @@ def write_shard(
                     labels.append(label)
             writer.write(b"".join(kept), labels)
     note = dict(writer.info, split=split_of(name), outcomes=outcomes)
+    # The note last: its presence is what a re-run takes as proof of a finished shard.
     _write_atomic(note_path(output, name), json.dumps(note).encode(), attempt)
     return note
 
@@ -144,6 +147,7 @@ def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | No
         entry = manifest.Shard.from_dict(info, note_path(output, name))
     except ChuteError:  # a note not as written is no proof of the shard: write it again
         return None
+    # Sizes first: cheap, and they catch a shard cut short without reading it.
     if entry.index is None or storage.size(shard) != entry.bytes:
         return None
     if storage.size(index_path) != record_index.size_for(entry.records):
@@ -155,6 +159,7 @@ def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | No
         return None
     digest = hashlib.sha256()
     with storage.open_file(shard, "rb") as handle:
+        # 8 MiB at a time: the shard is hashed without holding it in memory.
         while block := handle.read(8 << 20):
             digest.update(block)
     if digest.hexdigest() != entry.sha256:
@@ -168,6 +173,7 @@ def _write_atomic(path: str, data: bytes, attempt: str) -> None:
     tmp = f"{path}.{attempt}.tmp"
     with storage.open_file(tmp, "wb") as handle:
         handle.write(data)
+        # On disk before the rename: a crash must never leave a complete name over partial data.
         storage.sync(handle)
     storage.rename(tmp, path)
 
@@ -242,6 +248,7 @@ class ShardWriter:
             storage.remove_if_exists(index_tmp)
             storage.remove_if_exists(self._tmp)
             raise
+        # The shard after its index: a shard in place always has its index beside it.
         storage.rename(self._tmp, self.path)
         self.info = {
             "file": name,

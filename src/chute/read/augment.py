@@ -73,6 +73,7 @@ def parse_augment(augment: Any) -> AugmentSpec:
     if not augment:
         return AugmentSpec()
     allowed = f"names from {sorted(NAMES)} or Keras layers"
+    # A bare string is refused here: it would be read letter by letter.
     if isinstance(augment, str) or not isinstance(augment, list | tuple):
         raise checks.bad_value("augment", augment, f"a list of {allowed}")
     heavy = []
@@ -104,6 +105,7 @@ class DeviceAugmentation:
     def __init__(self, heavy: tuple | list, seed: int | None):
         self.layers, self.mixing = [], []
         for number, item in enumerate(heavy):
+            # A seed per layer: two layers of one kind must not draw the same values.
             layer_seed = None if seed is None else seed + number
             if isinstance(item, str):
                 name, kwargs = (LAYERS | MIXING)[item]
@@ -118,6 +120,7 @@ class DeviceAugmentation:
 
     def __call__(self, images, labels=None):
         """The batch augmented: ``images`` (and ``labels``, one-hot, when mixing)."""
+        # Keras's random layers work in float; the result goes back to uint8 below.
         out = tf.cast(images, tf.float32)
         for layer in self.layers:
             out = layer(out, training=True)

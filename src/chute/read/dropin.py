@@ -83,6 +83,7 @@ def image_dataset_from_directory(
         A dataset with ``class_names`` and ``file_paths``, or a
         ``(train, validation)`` pair with ``subset="both"``.
     """
+    # ValueError, not ChuteError: the drop-in raises what Keras's loader raises.
     if cache is not None and not isinstance(cache, str):
         raise ValueError(f'`cache` must be None, "memory" or a file path. Received: cache={cache}')
     if format == "grain" and (skip_corrupt or drop_remainder or cache is not None):
@@ -115,6 +116,7 @@ def image_dataset_from_directory(
     )
     if format == "grain":  # a different kind of dataset: Keras's own
         return listed
+    # Either None means no labels, as in Keras's loader.
     if labels is None or label_mode is None:
         labels = label_mode = None
     parts = listed if isinstance(listed, list) else [listed]
@@ -158,6 +160,7 @@ def _labeller(directory, labels, class_names, follow_links):
     if labels == "inferred":
         index = {name: i for i, name in enumerate(class_names)}
         prefix = len(os.path.join(directory, ""))
+        # The first folder under the directory is the class; "\\" for Windows paths.
         return lambda path: index[path[prefix:].replace("\\", "/").split("/", 1)[0]]
     if labels is None:
         return lambda path: None
@@ -168,6 +171,7 @@ def _labeller(directory, labels, class_names, follow_links):
         walk, join = storage.walk(directory), storage.join
     files = [
         join(root, name)
+        # Sorted, as Keras documents: a list of labels follows the alphanumeric order of os.walk.
         for root, _, names in sorted(walk, key=lambda entry: entry[0])
         for name in sorted(names)
         if name.lower().endswith(ALLOWLIST_FORMATS)
@@ -213,6 +217,7 @@ class _Builder:
             image = tf.image.resize_with_pad(image, height, width, method=self.interpolation)
         else:
             image = tf.image.resize(image, self.image_size, method=self.interpolation)
+        # decode_image leaves the shape unknown to tf.data: stated here, as Keras does.
         image.set_shape((height, width, self.channels))
         if self.data_format == "channels_first":
             image = tf.transpose(image, (2, 0, 1))
@@ -223,6 +228,7 @@ class _Builder:
         call is paid once per group rather than per image. One image at a time
         within the group, so no more full-size decoded images are held than
         with one image per call; groups run in parallel."""
+        # parallel_iterations=1: one full-size decoded image at a time within the group.
         images = tf.map_fn(
             self.load_image, paths, fn_output_signature=self.image_spec, parallel_iterations=1
         )
@@ -231,6 +237,7 @@ class _Builder:
     @functools.cached_property
     def image_spec(self):
         """What ``load_image`` returns: float32, or uint8 with ``nearest`` (as Keras)."""
+        # Traced rather than written down: the dtype depends on the interpolation, as in Keras.
         traced = tf.function(self.load_image, autograph=False).get_concrete_function(
             tf.TensorSpec([], tf.string)
         )

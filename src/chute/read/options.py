@@ -176,12 +176,14 @@ class LoadOptions:
         checks.positive_int("batch_size", self.batch_size, "a positive integer (per replica)")
         if self.training is not None:
             _boolean("training", self.training, "True, False or None")
+        # object.__setattr__: a frozen dataclass stores its normalised values only this way.
         object.__setattr__(self, "image_size", parse_image_size(self.image_size))
         checks.one_of("dtype", self.dtype, DTYPES)
         checks.one_of("label_mode", self.label_mode, LABEL_MODES)
         object.__setattr__(self, "augment", _names(self.augment))
         spec = parse_augment(self.augment)
         checks.one_of("augment_on", self.augment_on, PLACES)
+        # MixUp and CutMix blend two labels: an integer label cannot hold the blend.
         if spec.mixing and self.label_mode != "categorical":
             raise ChuteError(
                 "`augment` with 'mixup' or 'cutmix' mixes labels: it needs "
@@ -222,6 +224,7 @@ class LoadOptions:
             )
         if self.workers is not None:
             checks.int_in("workers", self.workers, 0, what="None or an integer >= 0")
+        # The service ships tf.data graphs to its workers; a Grain dataset is no such graph.
         if self.engine == "grain" and self.data_service is not None:
             raise ChuteError(
                 "`data_service` runs tf.data pipelines; it needs engine='tf'. "
@@ -257,6 +260,7 @@ def resolve(options: LoadOptions | Mapping[str, Any] | None, overrides: Mapping)
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise ChuteError(f"Unknown load option(s) {unknown}. Allowed: {sorted(fields)}")
+    # replace() runs __post_init__ again: the overrides are checked like any other value.
     return dataclasses.replace(options, **overrides)
 
 
@@ -271,6 +275,7 @@ def _cache(value: Any) -> str | None:
         return None
     if value in ("auto", "memory"):
         return value
+    # "disk:" alone names no folder.
     if isinstance(value, str) and value.startswith("disk:") and len(value) > 5:
         return value
     raise checks.bad_value("cache", value, CACHE_ALLOWED)
@@ -305,6 +310,7 @@ def _sampling(value: Any) -> str | tuple[tuple[str | int, float], ...] | None:
             raise checks.bad_value("sampling", value, SAMPLING_ALLOWED)
     if not any(value.values()):
         raise checks.bad_value("sampling", value, "weights with at least one above 0")
+    # A sorted tuple: hashable (the options are frozen) and equal however it was written.
     return tuple(sorted(((k, float(w)) for k, w in value.items()), key=lambda p: str(p[0])))
 
 

@@ -53,6 +53,7 @@ def class_probabilities(
     if sampling is None:
         return None
     if counts is None:
+        # The split's own counts unless one pipeline's share is given: the engines read differently.
         counts = manifest.split(split).class_counts
     return probabilities(manifest.class_names, counts, sampling)
 
@@ -83,9 +84,11 @@ def probabilities(
             len(empty),
             _some([class_names[label] for label in empty]),
         )
+        # Zeroed, not refused: a share of the split may lack a class the sampling names.
         for label in empty:
             weights[label] = 0.0
     total = sum(weights)
+    # Nothing left to draw would make the probabilities 0/0.
     if total == 0:
         raise ChuteError(
             "`sampling` weighs only classes with no examples here, so there is nothing to "
@@ -101,6 +104,7 @@ def _weights(class_names: Sequence[str], pairs: Any) -> list[float]:
     weights = [0.0] * len(class_names)
     named: set[int] = set()
     for key, weight in pairs:
+        # A class name first: a class may itself be named "3".
         label = index.get(key) if isinstance(key, str) else None
         if label is None and (isinstance(key, int) or (isinstance(key, str) and key.isdigit())):
             label = int(key) if 0 <= int(key) < len(class_names) else None
@@ -110,6 +114,7 @@ def _weights(class_names: Sequence[str], pairs: Any) -> list[float]:
                 f"Allowed: class names {_some(class_names)} or indexes "
                 f"0-{len(class_names) - 1}. Received: sampling={pairs!r}"
             )
+        # Twice would leave it unclear which weight holds.
         if label in named:
             raise ChuteError(
                 f"`sampling` weighs class {class_names[label]!r} (label {label}) twice. "
@@ -134,6 +139,7 @@ def share_counts(
     """
     shards = manifest.split(split).shards
     if pipelines > 1 and not by_record:
+        # The tf.data engine's own shards: every pipelines-th, from index.
         shards = shards[index::pipelines]
     held = [{label: n for label, n in shard.class_counts if n} for shard in shards]
     totals = [0] * manifest.num_classes
@@ -141,6 +147,7 @@ def share_counts(
         for label, count in classes.items():
             totals[label] += count
     if by_record:
+        # Every pipelines-th record of each class, counted without reading a record.
         totals = [len(range(index, total, pipelines)) for total in totals]
     return tuple(totals), tuple(tuple(sorted(classes)) for classes in held)
 
@@ -158,6 +165,7 @@ def describe(
         "2 of 3 classes drawn, p = 0.25 ('dog') to 0.75 ('cat'); 480 draws an epoch: 'cat' (10 examples) ~36 times each, 'dog' (500) ~0.24"
     """  # noqa: E501
     drawn = [label for label, p in enumerate(probabilities) if p > 0]
+    # Ties broken by label, so the line is the same from run to run.
     low = min(drawn, key=lambda label: (probabilities[label], label))
     high = max(drawn, key=lambda label: (probabilities[label], -label))
     ratio = {label: probabilities[label] * draws / counts[label] for label in drawn}

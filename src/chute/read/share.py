@@ -46,12 +46,14 @@ class Share:
     @property
     def feeds(self) -> int:
         """Replicas each pipeline feeds: the batches of one pipeline in a global batch."""
+        # At least 1: a pipeline still yields batches when there are more pipelines than replicas.
         return max(1, self.replicas // self.pipelines)
 
 
 def by_shard(shards: int, pipelines: int) -> bool:
     """Whether each of ``pipelines`` reads its own shards (the tf.data engine), rather than
     every ``pipelines``-th record of all: when there are at least as many shards."""
+    # Fewer shards than pipelines would leave some pipeline without any: then every n-th record.
     return pipelines > 1 and shards >= pipelines
 
 
@@ -77,6 +79,7 @@ def record_sizes(records: int, pipelines: int) -> list[int]:
         [4, 3, 3]
     """
     low, extra = divmod(records, pipelines)
+    # The remainder goes to the first pipelines, so shares differ by one record at most.
     return [low + (i < extra) for i in range(pipelines)]
 
 
@@ -92,9 +95,12 @@ def steps(sizes: Sequence[int], index: int, batch_size: int, *, training: bool, 
         [1, 3, 2]
     """
     if training:
+        # The smallest share's: a pipeline that stops first leaves the others waiting forever.
         return min(size // batch_size for size in sizes)
     if pad:
+        # The largest share's, so every example is seen; the others pad what they lack (weight 0).
         return max(-(-size // batch_size) for size in sizes)
+    # Ceiling division: the last, partial batch is kept.
     return -(-sizes[index] // batch_size)
 
 

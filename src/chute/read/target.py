@@ -40,6 +40,7 @@ def target(manifest: Manifest, split: str, options: LoadOptions) -> Target:
     """The :class:`Target` of reading ``split`` with ``options``, or a ChuteError naming
     what the options ask that this dataset or split cannot give."""
     manifest.check_split(split)
+    # By default only the train split trains; val and test are read once, in order.
     training = (split == "train") if options.training is None else options.training
     _check_against(manifest, split, options, training)
     stored = manifest.image
@@ -94,4 +95,5 @@ def default_crop_fraction(stored: ImageSpec) -> float:
         >>> default_crop_fraction(ImageSpec(8, 8, 3))
         1.0
     """
+    # Images kept at their aspect ratio are stored larger than read: the usual crop.
     return 1.0 if stored.fixed_size else DEFAULT_CROP_FRACTION

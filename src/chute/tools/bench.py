@@ -77,6 +77,7 @@ def _timed_passes(make: Callable, passes: int = 2) -> tuple[int, list[float], fl
         for _ in range(passes):
             images = 0
             for batch in dataset:
+                # Counted from the batches: a short last batch counts as it is.
                 images += int(batch[0].shape[0])
             seconds.append(time.perf_counter() - started)
             started = time.perf_counter()
@@ -90,6 +91,7 @@ def _rounds(one_round: Callable, min_seconds: float) -> tuple[int, list[float], 
     builds, rounds, spent = 0.0, 0, 0.0
     while True:
         images, seconds, build = one_round()
+        # Whole rounds until min_seconds: one round alone is at the mercy of a busy machine.
         totals = [t + s for t, s in zip(totals, seconds, strict=True)] if totals else seconds
         builds, rounds, spent = builds + build, rounds + 1, spent + sum(seconds)
         if spent >= min_seconds:
@@ -169,7 +171,9 @@ def run(
     keras_model = _model(model, size, channels) if model else None
     work_dir = work_dir or os.path.join(tempfile.gettempdir(), "chute-bench")
     if source is None:
+        # The convert benchmark's glyph set: the two benchmarks measure the same images.
         source = os.path.join(work_dir, "glyphs-657")
+        # .complete is written last: an interrupted generation is made again, not timed half-made.
         if not os.path.exists(os.path.join(source, ".complete")):
             say(f"generating the benchmark images in {source} (once)")
             samples.make_sample_folder(
@@ -227,6 +231,7 @@ def run(
 
 def _ratios(rows: list[Row]) -> dict[str, float]:
     """chute's passes against each baseline's faster pass."""
+    # Names without their "(...)" notes, so the baselines are found by their plain names.
     by_name = {row.name.split(" (")[0]: row for row in rows}
     load_row = rows[0]
     first, cached = load_row.rates[0], load_row.rates[1]
@@ -300,12 +305,14 @@ def _measure(source, shards, size, color_mode, batch_size, min_seconds, say) -> 
     else:
         say("ImageDataGenerator skipped: install tf-keras and scipy (pip install chute[bench])")
     channels = 1 if color_mode == "grayscale" else 3
+    # rows[1]: the uncached chute.load, whose image count is the dataset's.
     images = tf.zeros((rows[1].images, *size, channels), tf.uint8)
     labels = tf.zeros((rows[1].images,), tf.int32)
     measure(
         "in-memory Dataset.from_tensor_slices (baseline)",
         lambda: (
             tf.data.Dataset.from_tensor_slices((images, labels))
+            # Shuffled, short batch dropped: as chute.load reads a training split.
             .shuffle(len(labels))
             .batch(batch_size, drop_remainder=True)
             .prefetch(tf.data.AUTOTUNE)
@@ -332,6 +339,7 @@ def _train_rate(model, size, channels, batch_size: int, min_seconds: float) -> f
     y = np.zeros((batch_size,), "int32")
     model.train_on_batch(x, y)  # compile the step
     steps, started = 0, time.perf_counter()
+    # At least 5 steps: on a fast model min_seconds alone could time too few to average.
     while steps < 5 or time.perf_counter() - started < min_seconds:
         model.train_on_batch(x, y)
         steps += 1

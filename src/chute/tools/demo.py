@@ -39,6 +39,7 @@ def run(
     images = storage.join(directory, "sample-images")
     shards = storage.join(directory, "shards")
     grid = storage.join(directory, "grid.png")
+    # Drawn once: a second demo in the same folder starts from the same images.
     if not os.path.isdir(images):
         say(f"1/6 drawing {num_classes} classes x {images_per_class} glyph images into {images}")
         samples.make_sample_folder(
@@ -89,6 +90,7 @@ def run(
         f"(chance: {1 / num_classes:.3f}); {result.seconds_per_epoch:.1f} s/epoch, "
         f"{result.images_per_second:,.0f} images/s"
     )
+    # Another seed than the training images': glyphs the model has never seen.
     held_out = storage.join(directory, "held-out")
     samples.make_sample_folder(
         held_out, num_classes=num_classes, images_per_class=1, image_size=(40, 40), seed=999

@@ -41,6 +41,7 @@ def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], pe
                     )
                 else:
                     wanted[label].append(Image.open(io.BytesIO(data)).convert("RGB"))
+            # Stops at the first full set: a large split is not read to its end for a picture.
             if all(len(v) >= per_class for v in wanted.values()):
                 return wanted
     return wanted
@@ -73,6 +74,7 @@ def draw_grid(
         checks.positive_int(name, value)
     count = min(max_classes, manifest.num_classes)
     classes = sorted(
+        # Spread evenly over the labels, first and last included, not just the first few classes.
         {round(i * (manifest.num_classes - 1) / max(1, count - 1)) for i in range(count)}
     )
     samples = _samples(manifest, split, classes, per_class)

@@ -95,6 +95,7 @@ def index(
     report = IndexReport(manifest.location, num_shards=len(shards))
     threads = 1 if storage.is_local(manifest.location) else _REMOTE_THREADS
     with ThreadPoolExecutor(max(1, min(threads, len(shards)))) as pool:
+        # Moved first: the indexes found beside the shards are then checked where they now belong.
         moved = list(pool.map(lambda shard: _move_old_layout(manifest.location, shard), shards))
     report.moved = [shard.name for shard, done in zip(shards, moved, strict=True) if done]
     if report.moved:
@@ -135,6 +136,7 @@ def _move_old_layout(location: str, shard: Shard) -> bool:
     ``index/`` folder; True when one was moved. Where the folder holds the manifest's index
     already, the one beside the shard is a leftover and is deleted."""
     entry = shard.index
+    # The manifest's name when it has one; else the name an older chute gave it.
     name = entry.file if entry else record_index.index_name(shard.name)
     old = record_index.old_path(location, name)
     if not storage.exists(old):
@@ -177,10 +179,12 @@ def _index_shard(location: str, shard: Shard) -> IndexEntry:
         raise ChuteError(f"Shard {name} of {location!r} is missing: convert the dataset again")
     digest = hashlib.sha256()
     with storage.open_file(path, "rb") as handle:
+        # One pass: the index and the shard's sha256 from the same reading.
         found = record_index.scan(handle, where=f"Shard {name} of {location!r}", digest=digest)
     differs = []
     if found.shard_bytes != shard.bytes:
         differs.append(f"{found.shard_bytes} bytes, the manifest says {shard.bytes}")
+    # The digest only when the sizes agree: a size that differs already says the file changed.
     elif digest.hexdigest() != shard.sha256:
         differs.append("its sha256 is not the manifest's")
     if len(found) != shard.records:
@@ -193,5 +197,6 @@ def _index_shard(location: str, shard: Shard) -> IndexEntry:
     data = found.to_bytes()
     path = record_index.index_path(location, record_index.index_name(name))
     storage.makedirs(record_index.folder(location))
+    # The index is written before the manifest names it, so a named index is always whole.
     storage.write_atomic(path, data)
     return IndexEntry(record_index.index_name(name), record_index.sha256(data))

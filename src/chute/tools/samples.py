@@ -45,6 +45,7 @@ def render_glyph(
 ) -> Image.Image:
     """Draws ``text`` at a random angle, offset and scale, with Gaussian noise."""
     height, width = size
+    # Drawn at twice the size, rotated, then cut and scaled down: no edge of the glyph is lost.
     canvas = 2 * max(height, width)
     font = ImageFont.load_default(
         size=int(canvas * rng.uniform(0.35, 0.5) / max(1, len(text)) ** 0.5)
@@ -71,6 +72,7 @@ def render_glyph(
 
 def _write_class(args: tuple) -> None:
     root, index, name, count, size, rgb, noise, seed, fmt = args
+    # A generator per class: the images do not depend on how classes are shared out to workers.
     rng = np.random.default_rng([seed, index])
     folder = os.path.join(root, name)
     os.makedirs(folder, exist_ok=True)
@@ -104,6 +106,7 @@ def make_sample_folder(
         )
     checks.one_of("color_mode", color_mode, ("grayscale", "rgb"))
     names = [
+        # Numbered once there are two-letter names: folders then sort in class order.
         class_text(i) if num_classes <= len(_ALPHABET) else f"c{i:04d}_{class_text(i)}"
         for i in range(num_classes)
     ]

@@ -104,6 +104,7 @@ def verify(
                 progress("verify", report.num_shards, total_shards)
         # The split's totals are what readers use for step counts: they must
         # match what its shards really hold.
+        # Only when every shard read whole: a damaged shard's count says nothing of the split's.
         if shards_ok and split.examples != count:
             report.problems.append(
                 (
@@ -125,6 +126,7 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: Shard) -> tuple[list[st
         return ["missing: the file is not there"], 0, []
     problems = []
     size = storage.size(path)
+    # Reported, but reading goes on: the records say where the damage is.
     if size != shard.bytes:
         problems.append(f"size is {size} bytes, the manifest says {shard.bytes} (truncated?)")
     with _hashed_copy(path) as (readable, digest):
@@ -133,6 +135,7 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: Shard) -> tuple[list[st
         count, class_counts, problem = _read_records(readable, manifest)
         if shard.index is not None:
             problems += _check_index(manifest.location, shard, readable)
+    # A record problem explains the counts, so the counts are compared only without one.
     if problem:
         problems.append(problem)
     elif count != shard.records:
@@ -174,6 +177,7 @@ def _check_index(location: str, shard: Shard, readable: str) -> list[str]:
         return problems
     if index != truth:
         common = min(len(index), len(truth))
+        # The first entry that differs, so the message says where the index goes wrong.
         wrong = np.flatnonzero(
             (index.offsets[:common] != truth.offsets[:common])
             | (index.lengths[:common] != truth.lengths[:common])
@@ -237,7 +241,9 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
 
     dataset = (
         tf.data.TFRecordDataset(path)
+        # deterministic: the record numbers in a message must be the file's own order.
         .map(check, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        # Checked in batches of 1024: a Python step per record would cost more than the check.
         .batch(1024)
     )
     # `count` moves a batch at a time: where a batch fails, the message names the record
@@ -265,6 +271,7 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
                 )
             class_counts += np.bincount(labels, minlength=num_classes)
             count += len(labels)
+    # TensorFlow's message names no record or byte: the framing is scanned again to say which.
     except tf.errors.DataLossError:
         return count, [], _damage(path, count)
     except tf.errors.InvalidArgumentError as error:

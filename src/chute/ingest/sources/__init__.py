@@ -80,6 +80,7 @@ class _Request(NamedTuple):
 
 def _scan_archive(path: str, request: _Request) -> Source:
     """A zip or tar of class folders, or a tar of WebDataset samples."""
+    # A zip is always a class tree; only a tar may hold WebDataset samples.
     if not archives.is_tar(path):
         return archives.tree_source(ZIP, path, archives.list_zip(path))
     listing = tars.list_tar(path, max_pixels=request.max_pixels, progress=request.progress)
@@ -87,6 +88,7 @@ def _scan_archive(path: str, request: _Request) -> Source:
         if webdataset.looks_like(listing.files):
             return webdataset.samples_source(path, [(storage.basename(path), listing)])
         return archives.tree_source(TAR, path, listing)
+    # The listing unpacked a compressed tar to scratch: removed if the source is never made.
     except BaseException:
         archives.remove(listing.temp_dir)
         raise
@@ -123,6 +125,7 @@ def _looked_for(kind: str) -> str:
 
 
 def _is_pattern(source: str) -> bool:
+    # A file that exists is itself, even with braces or [ in its name.
     return webdataset.is_pattern(source) and not storage.exists(source)
 
 
@@ -233,9 +236,12 @@ def scan(
     if kind.must_exist and not storage.exists(source):
         raise ChuteError(f"`source` does not exist. Received: source={source!r}")
     found = kind.scan(source, request)
+    # Once, here, for every kind: each scanner may keep the raw names it found.
     _escape_names(found)
     given = [f"{name}={value!r}" for name, value in columns.items() if value is not None]
+    # Checked after the scan: a folder may turn out to hold Parquet files.
     if given and found.kind != "parquet":
+        # Closed before raising: the caller never gets the source to close.
         found.close()
         raise ChuteError(
             f"`{given[0].split('=')[0]}` applies to Parquet sources; `source` is a "

@@ -62,6 +62,7 @@ ZIP_SUFFIXES = (".zip",)
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 SUFFIXES = ZIP_SUFFIXES + TAR_SUFFIXES
 SMALL_MEMBER = 64 << 10  # label members and link targets are read while scanning, up to this
+# A bound on chains of links, so that a loop (a -> b -> a) ends.
 _LINK_HOPS = 8
 
 
@@ -158,6 +159,7 @@ class _Tree:
         while True:
             below = self.subfolders(root)
             loose = any(not n.startswith(".") and is_image(n) for n in self.files[root])
+            # A lone wrapper folder (flowers/ in flowers.zip) is stepped into; else: the root.
             if len(below) != 1 or loose or not self.subfolders(_join(root, below[0])):
                 return root
             root = _join(root, below[0])
@@ -214,6 +216,7 @@ def clean_name(name: str) -> tuple[str | None, str | None]:
         >>> clean_name("./cats//1.png"), clean_name("../../etc/passwd")[1]
         (('cats/1.png', None), 'unsafe name: it leaves the archive (..)')
     """
+    # Refused, not stripped: extracting such a name is how archives write outside their folder.
     if name.startswith(("/", "\\")):
         return None, "unsafe name: an absolute path"
     if _DRIVE.match(name):
@@ -238,6 +241,7 @@ def link_target(link_name: str, target: str, *, relative: bool) -> tuple[str | N
 
 def refuse(rejects: list[dict], raw: str, reason: str, location: str) -> None:
     """An unsafe member: rejected when named like an image or label, else only logged."""
+    # Only what would have been data is a reject; other unsafe members are just skipped.
     if is_image(raw) or raw.lower().rsplit(".", 1)[-1] in LABEL_EXTENSIONS:
         rejects.append({"key": raw, "reason": reason})
     else:
@@ -250,6 +254,7 @@ def resolve(files: dict[str, Entry], folders: set[str]) -> dict[str, Entry]:
     for name, entry in files.items():
         target, hops = entry, 0
         while target is not None and target.link is not None and hops < _LINK_HOPS:
+            # Links to folders are not followed: they could make the tree endless.
             if target.link in folders:
                 break
             target, hops = files.get(target.link), hops + 1
@@ -285,12 +290,14 @@ def list_zip(path: str) -> Listing:
                 if name is None:
                     refuse(rejects, info.filename, unsafe, path)
                     continue
+                # "./" alone: the archive's own top, nothing to list.
                 if not name:
                     continue
                 if info.is_dir():
                     folders.add(name)
                     continue
                 member = Member(path, ZIP, info.filename, info.header_offset, info.file_size)
+                # A zip keeps Unix mode bits in external_attr's upper half: a link is marked there.
                 mode = info.external_attr >> 16
                 if stat.S_ISLNK(mode):
                     files[name] = _zip_link(archive, info, name)
@@ -307,6 +314,7 @@ def list_zip(path: str) -> Listing:
 
 
 def _zip_link(archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> Entry:
+    # A link's data is its target path: an overlong one is no real link.
     if info.file_size > SMALL_MEMBER:
         return Entry(name, reject="a symbolic link with an overlong target")
     try:

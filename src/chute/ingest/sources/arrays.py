@@ -79,6 +79,7 @@ def _array_source(
                 f"`x` must hold uint8 pixels (0-255). Received: x.dtype={x.dtype} in {location} "
                 f"({split}); convert with (x * 255).round().astype('uint8') if it is in [0, 1]"
             )
+        # (N, H, W, 1) is grayscale: stored as (N, H, W), as Pillow takes one channel.
         if x.ndim == 4 and x.shape[-1] == 1:
             x = x[..., 0]
         if not (x.ndim == 3 or (x.ndim == 4 and x.shape[-1] in (3, 4))):
@@ -96,6 +97,7 @@ def _array_source(
             raise ChuteError(f"`y` must be labels >= 0. Received: min(y)={y.min()} in {location}")
         max_label = max(max_label, int(y.max()) if len(y) else -1)
         arrays[split] = x
+        # Zero-padded keys: they sort in array order.
         width = max(5, len(str(len(x))))
         items.extend(
             Item(f"{split}/{i:0{width}d}", int(label), split if presplit else None, None, i)
@@ -122,6 +124,7 @@ def _array_source(
 def scan_npz(path: str) -> Source:
     splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     try:
+        # allow_pickle=False: a .npz from elsewhere must not run code when it is loaded.
         data = np.load(io.BytesIO(storage.read_bytes(path)), allow_pickle=False)
         keys = set(data.files)
         if {"x", "y"} <= keys:

@@ -132,6 +132,7 @@ class ArraySource(_Scanned):
     containers: list[str] = dataclasses.field(default_factory=list)
 
     def payload(self, item: Item) -> Any:
+        # An unsplit array source holds everything under "train".
         return self.arrays[item.split or "train"][item.index]
 
     def listing(self) -> list[ListingRow]:
@@ -177,6 +178,7 @@ def stat_row(path: str) -> ListingRow:
     stat-ing every object of a bucket would cost a request each); the path as a key (a
     name that is not UTF-8 escaped, see :func:`~chute.image.files.text_key`)."""
     size, mtime = -1, -1
+    # Local files only: stat-ing every object of a bucket costs a request each.
     if storage.is_local(path):
         with contextlib.suppress(OSError):
             stat = os.stat(storage.local_path(path))
@@ -239,6 +241,7 @@ def class_layout(
         len(top) >= 2
         and all(split_dirs.values())
         and "train" in split_dirs.values()
+        # Distinct splits only: val/ beside validation/ would be the same split twice.
         and len(set(split_dirs.values())) == len(top)
     )
     groups: list[tuple[str | None, str, str, list[str]]] = [(None, "", root, top)]
@@ -249,6 +252,7 @@ def class_layout(
             split_root = join(root, name)
             groups.append((split, name, split_root, subfolders(split_root)))
         classes = sorted({c for *_, names in groups for c in names})
+        # Split folders with no class inside: read the top folders as the classes instead.
         if not classes:
             presplit, classes, groups = False, top, [(None, "", root, top)]
     if not classes:
@@ -272,6 +276,7 @@ def class_names_of(labels: list[str]) -> list[str]:
     return sorted(unique)
 
 
+# A context variable, not a global: two conversions in threads each name their own scratch.
 _scratch_prefix = contextvars.ContextVar("chute_scratch_prefix", default="chute-unpack-")
 
 

@@ -25,6 +25,7 @@ from chute.ingest.sources.base import (
 
 def scan_list(path: str, *, allow_outside: bool) -> Source:
     try:
+        # utf-8-sig: a list saved by a spreadsheet often starts with a byte-order mark.
         text = storage.read_bytes(path).decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise ChuteError(
@@ -68,6 +69,7 @@ def scan_list(path: str, *, allow_outside: bool) -> Source:
                 "label": next((i for i, h in enumerate(header) if h in ("label", "class")), 1),
                 "split": header.index("split") if "split" in header else None,
             }
+            # The header becomes an empty row, so line numbers in messages stay the file's own.
             reader = [[], *reader[1:]]
         for number, row in enumerate(reader, start=1):
             if not row or not any(cell.strip() for cell in row):
@@ -108,6 +110,7 @@ def scan_list(path: str, *, allow_outside: bool) -> Source:
                     f"test. Received: split={split!r}"
                 )
         items.append(Item(rel, label_of[label], split_name, resolved))
+    # Sorted: the list's own order must not change the conversion.
     items.sort(key=lambda item: (item.split or "", item.key))
     kind = "jsonl" if path.lower().endswith(".jsonl") else "csv"
     return FileSource(kind, path, class_names, items, presplit=presplit, rejects=repeats)
@@ -121,6 +124,7 @@ def _first_of_each_file(
     kept, first_line, repeats = [], {}, []
     for number, rel, label, split in rows:
         resolved = _resolve_listed(path, base, rel, number, allow_outside)
+        # A file listed twice would be one image in two places, perhaps in two classes.
         if resolved in first_line:
             line, first_label = first_line[resolved]
             note = "" if label == first_label else f" with label {label!r}, not {first_label!r}"

@@ -82,6 +82,7 @@ def check_size(size: int, packed: int | None, max_pixels: int) -> None:
         MemberError: too large for ``max_pixels``, or a compression bomb.
     """
     limit = max_member_bytes(max_pixels)
+    # Checked before anything is read: the sizes come from the archive's own headers.
     if size > limit:
         raise MemberError(
             f"archive member too large: {size} bytes > {limit}, the most an image within "
@@ -130,6 +131,7 @@ def open_member(member: Member, max_pixels: int) -> Iterator[tuple[IO[bytes], in
         if member.kind == ZIP:
             archive, info = _zip_info(member)
             check_size(info.file_size, info.compress_size, max_pixels)
+            # Bit 0 of the zip flags marks an encrypted member.
             if info.flag_bits & 0x1:
                 raise MemberError("encrypted archive member: chute reads no passwords")
             handle: IO[bytes] = io.BufferedReader(_Checked(archive.open(info)))
@@ -138,6 +140,7 @@ def open_member(member: Member, max_pixels: int) -> Iterator[tuple[IO[bytes], in
             _check_tar(member, max_pixels)
             raw = storage.open_file(member.container)
             end = raw.seek(0, os.SEEK_END)
+            # The archive shrank or was cut since the scan: said now, not as a short image later.
             if member.offset + member.size > end:
                 raw.close()
                 raise _truncated(member, max(0, end - member.offset))
@@ -174,6 +177,7 @@ def _zip_info(member: Member) -> tuple[zipfile.ZipFile, zipfile.ZipInfo]:
     stamp = None
     if storage.is_local(member.container):
         stat = os.stat(storage.local_path(member.container))
+        # A changed file on disk is opened again: the cached ZipFile would read stale offsets.
         stamp = (stat.st_size, stat.st_mtime_ns)
     cached = _zips.get(member.container)
     if cached is None or cached[0] != stamp:
@@ -187,6 +191,7 @@ def _zip_info(member: Member) -> tuple[zipfile.ZipFile, zipfile.ZipInfo]:
             raise
         infos = {info.header_offset: info for info in archive.infolist()}
         cached = _zips[member.container] = (stamp, archive, handle, infos)
+        # Least recently used closed first: a worker keeps few archives open, however many it reads.
         while len(_zips) > _OPEN_ZIPS:
             _close(_zips.popitem(last=False)[1])
     _zips.move_to_end(member.container)
@@ -263,6 +268,7 @@ class _Window(io.RawIOBase):
         count = min(len(buffer), self._size - self._position)
         if count <= 0:
             return 0
+        # Seeked before every read: seek() above moves only the window's own position.
         self._raw.seek(self._start + self._position)
         data = self._raw.read(count)
         buffer[: len(data)] = data

@@ -76,10 +76,12 @@ def _parquet_files(folder: str) -> list[str]:
     local = storage.is_local(folder)
     walk = os.walk(storage.local_path(folder)) if local else storage.walk(folder)
     for dirpath, dirnames, filenames in walk:
+        # In place, so the walk skips hidden folders and goes in a fixed order.
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in filenames:
             if name.startswith("."):
                 continue
+            # An image file makes it a tree of class folders, whatever Parquet it holds.
             if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS:
                 return []
             if name.lower().endswith(".parquet"):
@@ -139,8 +141,10 @@ def split_of(path: str) -> str | None:
         ('train', 'val')
     """
     parts = path.replace("\\", "/").split("/")
+    # The file's own name first, then its folders from the nearest up.
     for part in reversed(parts):
         words = _TOKEN.findall(part.lower())
+        # Only the first word: "train-00000-of-00003" is train, a "trainer" folder is not.
         if words and words[0] in _SPLIT_WORDS:
             return _SPLIT_WORDS[words[0]]
     return None
@@ -173,6 +177,7 @@ def _columns(schema: Any, image_column: str | None, label_column: str | None, pa
         of_kind = (n for n, f in features.items() if isinstance(f, dict) and f.get("_type") == kind)
         return next(of_kind, None)
 
+    # The option, then the metadata's declared type, then the Hub's usual name.
     image = image_column or typed("Image") or ("image" if "image" in names else None)
     label = label_column or typed("ClassLabel") or ("label" if "label" in names else None)
     for argument, column, given in (
@@ -268,6 +273,7 @@ def scan_parquet(
     splits = [
         split_of(os.path.relpath(f, source) if f != source else storage.basename(f)) for f in files
     ]
+    # Half named would leave the unnamed files' split unclear.
     if any(splits) and not all(splits):
         unnamed = files[splits.index(None)]
         raise ChuteError(
@@ -279,6 +285,7 @@ def scan_parquet(
     try:
         return _read_all(pq, source, files, splits, temp_dir, image_column, label_column,
                          max_pixels, progress)  # fmt: skip
+    # BaseException: an interrupt mid-copy must not leave gigabytes in the scratch folder.
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
@@ -326,6 +333,7 @@ def _read_all(pq, source, files, splits, temp_dir, image_column, label_column, m
                         member = Member(data_path, TAR, key, -1, len(data))
                         rows.append((key, target, split, member, None))
                         continue
+                    # Per image: a full disk would fail the write anyway, with a worse message.
                     if shutil.disk_usage(temp_dir).free < len(data) + DISK_RESERVE:
                         raise ChuteError(
                             f"Not enough free disk space in {temp_dir} to copy the images of "
@@ -355,6 +363,7 @@ def _source(source, files, rows, named, presplit: bool, temp_dir: str) -> Source
             rejects.append({"key": key, "reason": "missing label"})
             continue
         if named is not None:  # a class index, or a name the metadata lists (string labels)
+            # bool is an int in Python: True is no class index.
             valid = isinstance(target, int) and not isinstance(target, bool)
             if valid and 0 <= target < len(class_names):
                 label = target

@@ -70,9 +70,11 @@ def list_tar(
     with storage.open_file(path) as handle:
         magic = handle.read(8)
         handle.seek(0)
+        # By content, not by suffix: a .tar may be gzipped, and a .tgz may be plain.
         compressed = magic.startswith(_COMPRESSED)
         if not compressed:
             return _list_plain_tar(path, handle)
+        # Removed on failure only if made here: a caller's folder is the caller's to clean.
         made = temp_dir is None
         temp_dir = make_scratch_dir() if made else temp_dir
         try:
@@ -128,6 +130,7 @@ def _list_plain_tar(path: str, handle: IO[bytes]) -> Listing:
     folders: set[str] = set()
     rejects: list[dict] = []
     try:
+        # Plain tar: members are read in place by offset later, nothing is copied.
         archive = tarfile.open(fileobj=handle, mode="r:")  # noqa: SIM115 (the handle is closed)
     except (tarfile.TarError, OSError, EOFError) as error:
         raise _not_a_tar(path, error) from None
@@ -186,14 +189,17 @@ def _unpack_tar(
     file in ``temp_dir`` (their Members point there), small label members kept in memory."""
     packed = handle.seek(0, os.SEEK_END)
     handle.seek(0)
+    # The floor: a small archive is no bomb, however well it compressed.
     budget = max(UNPACK_FLOOR, UNPACK_RATIO * packed)
     limit = members_lib.max_member_bytes(max_pixels)
     files: dict[str, Entry] = {}
     folders: set[str] = set()
     rejects: list[dict] = []
+    # Numbered: several shards of a WebDataset pattern share one scratch folder.
     data_path = os.path.join(temp_dir, f"{len(os.listdir(temp_dir)):06d}.data")
     counting = _Counting(handle, packed, progress)
     try:
+        # "r|*": a stream, read once front to back; a compressed tar has no cheap seeking.
         archive = tarfile.open(fileobj=counting, mode="r|*")  # noqa: SIM115 (as above)
     except (tarfile.TarError, OSError, EOFError) as error:
         raise _not_a_tar(path, error) from None

@@ -52,6 +52,7 @@ from chute.ingest.sources.base import (
 )
 
 IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)
+# A cap on what a pattern expands to: a typo such as {0..99999999} must not fill memory.
 MAX_SHARDS = 100_000
 _BRACES = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
@@ -89,8 +90,10 @@ def expand_braces(pattern: str) -> list[str]:
     numbers = _RANGE.fullmatch(body)
     if numbers:
         first, last = int(numbers[1]), int(numbers[2])
+        # A leading zero in either bound asks for zero padding, as braceexpand reads it.
         padded = any(len(n.lstrip("-")) > 1 and n.lstrip("-")[0] == "0" for n in numbers.groups())
         width = max(len(numbers[1]), len(numbers[2])) if padded else 0
+        # Checked before the range is built: its size is known from the bounds.
         if abs(last - first) >= MAX_SHARDS:
             raise _too_many(pattern)
         step = 1 if last >= first else -1
@@ -133,6 +136,7 @@ def shard_paths(pattern: str) -> list[str]:
             f"`source` names shards that do not exist ({shown}{', ...' if len(missing) > 5 else ''}"
             f"; {len(missing)} in all). Received: source={pattern!r}"
         )
+    # A set: overlapping patterns ({a,b}* and a*) must not read a shard twice.
     paths = sorted(set(paths))
     others = [p for p in paths if not archives.is_tar(p)]
     if others:
@@ -176,6 +180,7 @@ def scan_pattern(pattern: str, *, max_pixels: int, progress: ProgressFn | None =
                 )
             shards.append((name, listing))
         return samples_source(pattern, shards, temp_dir, containers=paths)
+    # BaseException: Ctrl-C mid-unpack must not leave the scratch folder behind.
     except BaseException:
         archives.remove(temp_dir)
         raise
@@ -189,6 +194,7 @@ def _samples(files: dict[str, archives.Entry]) -> dict[str, dict[str, archives.E
         if any(part.startswith(".") or part in LITTER for part in parts):
             continue
         folder, _, base = name.rpartition("/")
+        # Up to the first dot, as WebDataset groups: "x.seg.png" belongs to sample "x".
         stem, dot, extension = base.partition(".")
         if dot and stem:
             key = f"{folder}/{stem}" if folder else stem
@@ -205,6 +211,7 @@ def looks_like(files: dict[str, archives.Entry]) -> bool:
         images += count
         if any(extension in extensions for extension in LABEL_EXTENSIONS):
             labelled += count
+    # At least half: a class tree with a few stray .txt notes is no WebDataset.
     return labelled > 0 and 2 * labelled >= images
 
 
@@ -228,11 +235,13 @@ def samples_source(
             label, problem = _label(key, extensions)
             for extension in images:
                 entry = extensions[extension]
+                # The member's own reject (truncated, too large) comes before the label's.
                 reason = entry.reject if entry.member is None else problem
                 if reason is not None:
                     rejects.append({"key": f"{shard}/{entry.name}", "reason": reason})
                 else:
                     pending.append((f"{shard}/{entry.name}", label, entry.member))
+    # Sorted by key: the order never depends on how the shards were listed.
     pending.sort(key=lambda sample: sample[0])
     class_names = class_names_of([label for _, label, _ in pending])
     label_of = {name: i for i, name in enumerate(class_names)}
@@ -257,6 +266,7 @@ def _label(key: str, extensions: dict[str, archives.Entry]) -> tuple[str, str | 
     name, entry = f"{key}.{extension}", extensions[extension]
     try:
         data = _small(entry)
+        # utf-8-sig: a label file saved with a byte-order mark still reads as its text.
         text = data.decode("utf-8-sig").strip()
     except members_lib.MemberError as error:
         return "", f"label member {name}: {error}"
@@ -271,6 +281,7 @@ def _label(key: str, extensions: dict[str, archives.Entry]) -> tuple[str, str | 
             if "label" not in value and "cls" not in value:
                 return "", f"label member {name}: a JSON object without 'label' or 'cls'"
             value = value["label"] if "label" in value else value["cls"]
+        # bool is an int in Python: true is no label.
         if isinstance(value, bool) or not isinstance(value, int | str):
             return "", f"label member {name}: a label is an integer or a string, not {value!r}"
         text = str(value).strip()

@@ -76,6 +76,7 @@ def _grain():
         ) from None
     from absl import flags  # Grain reads its absl flags, which a program without absl never parses
 
+    # Marked as parsed, or Grain's first flag read would raise in a program without absl.
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
     return grain
@@ -105,18 +106,22 @@ class Batches:
         self._drawn: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
+        # Training is one long stream (epochs follow each other); a resume slices into it.
         return MAX_EPOCHS * self.steps if self.plan.training else self.steps
 
     def __getstate__(self) -> dict[str, Any]:
+        # The epoch's draw is not pickled: each worker makes it again, and it can be large.
         return {**self.__dict__, "_drawn": None}
 
     def draw(self, epoch: int) -> np.ndarray:
         """Epoch ``epoch``'s record numbers, for every pipeline (a permutation of the
         split, or weighted draws with replacement of the same length)."""
         if self._drawn is None or self._drawn[0] != epoch:
+            # Keyed by (seed, epoch) alone: every pipeline draws the same order and takes its share.
             rng = np.random.default_rng([self.seed, epoch])
             total = self.per_epoch * self.share.pipelines
             if self.probabilities is None:
+                # Cut to every pipeline's whole batches: the rest is not read this epoch.
                 order = rng.permutation(len(self.source))[:total]
             else:
                 order = rng.choice(len(self.source), size=total, p=self.probabilities)
@@ -128,6 +133,7 @@ class Batches:
         size = self.plan.batch_size
         if self.plan.training:
             epoch, batch = divmod(int(number), self.steps)
+            # This pipeline's contiguous share of the epoch's draw.
             first = self.share.index * self.per_epoch + batch * size
             return self.draw(epoch)[first : first + size]
         mine = self.records[number * size : (number + 1) * size]
@@ -141,6 +147,7 @@ class Batches:
         rng = None
         if plan.training:
             epoch, batch = divmod(int(number), self.steps)
+            # One generator per batch: a batch's crops do not depend on which worker made it.
             rng = np.random.default_rng([self.seed, epoch, self.share.index, batch])
         images = np.zeros((len(records), *plan.shape), np.uint8)
         labels = np.zeros(len(records), np.int64)
@@ -165,12 +172,14 @@ class Batches:
             if rng is not None and plan.random_crop is not None:
                 window = crop.random_window(height, width, rng, *plan.random_crop)
             else:
+                # Training without a random crop: the whole image; the centre crop is evaluation's.
                 fraction = plan.crop_fraction if rng is None else 1.0
                 window = crop.centre_window(height, width, size, fraction)
             image = crop.window_pixels(
                 values["image"], values["encoding"], shape, window, size,
                 plan.interpolation, exact=rng is None,
             )  # fmt: skip
+        # Drawn after the crop, from the same generator: the draws stay in one fixed order.
         if rng is not None and self.flip and rng.random() < 0.5:
             image = image[:, ::-1]  # copied into the batch
         return image
@@ -188,6 +197,7 @@ class Finish:
         if plan.dtype != "uint8":
             images = images.astype(np.float32) / np.float32(255)
             if plan.dtype == "bfloat16":
+                # ml_dtypes comes with JAX and TensorFlow; imported only for bfloat16.
                 import ml_dtypes
 
                 images = images.astype(ml_dtypes.bfloat16)
@@ -220,6 +230,7 @@ def make_dataset(plan: GrainPlan, source: GrainSource, manifest):
             seed,
             split,
         )
+    # One pipeline: any seed will do, and it is logged so that a run can be repeated.
     elif seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
         if plan.training:
@@ -264,6 +275,7 @@ def _record_probabilities(classes: Sequence[float], source: GrainSource) -> np.n
     labels = np.fromiter((source[i]["class"] for i in range(len(source))), np.int64, len(source))
     classes = np.asarray(classes, np.float64)
     counts = np.bincount(labels, minlength=len(classes))
+    # A class's probability spread evenly over its records; at least 1 avoids dividing by zero.
     per_record = classes[labels] / np.maximum(counts[labels], 1)
     return per_record / per_record.sum()
 
@@ -278,6 +290,7 @@ def _dataset_class():
         its batches. Its iterators have Grain's ``get_state()``/``set_state()``."""
 
         def __init__(self, batches: Batches, workers: int):
+            # No parents: the batches are made here, not from another Grain dataset.
             super().__init__([])
             self.batches, self.plan, self.workers = batches, batches.plan, workers
             self.epoch = 0  # the epoch the next iter() reads: a plain loop reads one each
@@ -303,10 +316,12 @@ def _dataset_class():
                 first = start.epoch * steps + start.batch
                 last = None if self.plan.repeat else (start.epoch + 1) * steps
                 batches = batches.slice(slice(first, last))
+                # A stream stays where it starts; a plain dataset moves on an epoch per iter().
                 if self.start is None:
                     self.epoch += 1
             elif self.plan.repeat:
                 batches = batches.repeat()
+            # Worker processes make whole batches themselves; without them, up to 4 threads do.
             threads = 0 if self.workers else min(4, available_cores())
             dataset = batches.to_iter_dataset(
                 grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(2, threads))
@@ -314,6 +329,7 @@ def _dataset_class():
             if not self.workers:
                 return iter(dataset)
             options = grain.MultiprocessingOptions(num_workers=self.workers)
+            # Each worker watches this process and ends with it, however it ends.
             hook = functools.partial(grain_workers.end_with_parent, os.getpid())
             return grain_workers.delivered(iter(dataset.mp_prefetch(options, worker_init_fn=hook)))
 

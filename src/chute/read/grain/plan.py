@@ -78,6 +78,7 @@ class GrainPlan:
         """Examples this pipeline reads in an epoch: its draws in training (``steps``
         full batches of one global order), its contiguous share in evaluation."""
         if self.training:
+            # Training draws whole batches of one global order: the rest sit out the epoch.
             return self.steps * self.batch_size
         return self.sizes[self.share.index]
 
@@ -111,6 +112,7 @@ def make_plan(
             "Received: augment_on='host'"
         )
     records = sum(manifest.shard_counts(split))
+    # One Grain batch feeds every replica of this host: the strategy splits it.
     batch_size = options.batch_size * replicas
     if records == 0:
         raise ChuteError(f"split {split!r} of {manifest.location} has no examples to read here")
@@ -130,6 +132,7 @@ def make_plan(
         shape=aim.shape,
         interpolation=manifest.image.interpolation,
         random_crop=aim.random_crop,
+        # Training crops at random instead; the centre crop is evaluation's.
         crop_fraction=aim.crop_fraction if not aim.training else 1.0,
         flip=aim.training and spec.flip,
         heavy=tuple(heavy),
@@ -139,6 +142,7 @@ def make_plan(
         pad_final_batch=options.pad_final_batch,
         repeat=options.repeat,
         seed=None if options.seed is None else int(options.seed),
+        # Evaluation reads every example once, whatever the sampling asks.
         sampling=options.sampling if aim.training else None,
         workers=options.workers,
     )

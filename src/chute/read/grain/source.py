@@ -90,11 +90,13 @@ class GrainSource:
         self.location, self.split = manifest.location, split
         shards = manifest.split(split).shards
         self._paths = [storage.join(manifest.location, shard.name) for shard in shards]
+        # pread where it exists (not on Windows): no shared file position, so no lock per read.
         self._local = [storage.is_local(path) and hasattr(os, "pread") for path in self._paths]
         for path, local in zip(self._paths, self._local, strict=True):
             if local and not os.path.exists(storage.local_path(path)):  # before any read
                 raise _missing(self.location, self.split, path)
         self._starts = [0]  # record number of each shard's first record, then the total
+        # Plain arrays, not lists: eight bytes a record, and they pickle compactly to each worker.
         self._offsets, self._lengths = array("Q"), array("Q")
         for index in _indexes(manifest.location, shards):
             self._starts.append(self._starts[-1] + len(index))
@@ -164,6 +166,7 @@ class GrainSource:
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
         if fd is None:
+            # Checked again under the lock: two threads may both have missed the first look.
             with self._fds_lock:
                 fd = self._fds.get(shard)
                 if fd is None:
@@ -176,6 +179,7 @@ class GrainSource:
         if handles is None:
             handles = self._threads.handles = {}
         if shard not in handles:
+            # One handle per thread: a seek then a read on a shared handle would race.
             handles[shard] = storage.open_file(self._paths[shard], "rb")
         return handles[shard]
 
@@ -188,6 +192,7 @@ class GrainSource:
 
     def __del__(self, _getpid=os.getpid, _close=os.close) -> None:
         # (os's functions bound now: at interpreter exit the module may be gone)
+        # Only the process that opened them closes them; a forked child's copies are its own.
         if getattr(self, "_pid", None) == _getpid():
             for fd in self._fds.values():
                 _close(fd)
@@ -195,6 +200,7 @@ class GrainSource:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
+        # Open files, a lock and thread-locals do not pickle; the receiving process opens its own.
         for name in ("_pid", "_fds", "_fds_lock", "_threads"):
             del state[name]
         return state
@@ -229,6 +235,7 @@ def _indexes(location: str, shards: Sequence[Shard]) -> list[record_index.Record
             location,
             record_index.FOLDER,
         )
+    # Local reads are fast already; a bucket's latency is what threads hide.
     threads = 1 if storage.is_local(location) else _REMOTE_THREADS
     with ThreadPoolExecutor(max(1, min(threads, len(shards)))) as pool:
         return list(pool.map(lambda shard: record_index.load(location, shard), shards))

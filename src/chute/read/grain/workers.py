@@ -51,6 +51,7 @@ def default_workers() -> int:
     Python refuses ("... before the current process has finished its bootstrapping
     phase") after running the script's work (a whole training) in each worker.
     """
+    # An unguarded call would run again in each spawned worker (a whole training in each).
     unsafe = _unguarded_main_line()
     if unsafe is None:
         return available_cores()
@@ -82,11 +83,13 @@ def _unguarded_main_line() -> tuple[str, int] | None:
     where = (frame.f_code.co_filename, frame.f_lineno)
     try:
         tree = ast.parse("".join(linecache.getlines(where[0], vars(main))))
+    # The source cannot be read back: assume the line is unguarded.
     except (SyntaxError, ValueError):
         return where
     for node in ast.walk(tree):
         if isinstance(node, ast.If):
             guarded = node.body if _is_main_test(node.test) else None
+            # `if __name__ != "__main__": ... else: ...` guards its else branch.
             if _is_main_test(node.test, negated=True):
                 guarded = node.orelse
             if guarded and guarded[0].lineno <= where[1] <= guarded[-1].end_lineno:
@@ -99,11 +102,13 @@ def _main_module_frame(main_globals: dict):
     stack, else on the main thread's."""
     stacks = [inspect.currentframe()]
     if threading.current_thread() is not threading.main_thread():
+        # From another thread, the script's top level is on the main thread's stack.
         stacks.append(sys._current_frames().get(threading.main_thread().ident))
     for frame in stacks:
         outer = None
         while frame is not None:
             if frame.f_globals is main_globals and frame.f_code.co_name == "<module>":
+                # Kept going: the outermost <module> frame of __main__ is the script's own line.
                 outer = frame
             frame = frame.f_back
         if outer is not None:
@@ -136,6 +141,7 @@ def end_with_parent(parent: int, worker: int, workers: int) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(_PARENT_POLL_S)
+        # os._exit: the parent is gone, and a normal exit would wait on Grain's queues forever.
         os._exit(1)
 
     threading.Thread(target=watch, name="chute-parent-watch", daemon=True).start()
@@ -200,6 +206,7 @@ def _delivered_class():
             self._inner().set_state(state)
 
         def close(self) -> None:
+            # Dropping the parents lets Grain's iterator (and its shared memory) go now.
             parents, self._parents = self._parents, ()
             self._closed = True
             for parent in parents:
@@ -215,4 +222,5 @@ def _delivered_class():
 
 def _plain(array: np.ndarray) -> np.ndarray:
     """``array`` as a plain ndarray (a copy of one in shared memory, which is then freed)."""
+    # type(), not isinstance: Grain's shared-memory arrays are ndarray subclasses.
     return array if type(array) is np.ndarray else np.array(array)

@@ -25,7 +25,9 @@ def decoded(plan: ReadPlan, blocks, counters: dict, parallel: dict):
         if stored.encoding == "png":
             image = tf.io.decode_png(data, channels=stored.channels)
         else:
+            # The same DCT method as every other decoder in chute, so the pixels match across paths.
             image = tf.io.decode_jpeg(data, channels=stored.channels, dct_method=tf_ops.DCT_METHOD)
+        # The decoders leave the shape unknown; batching needs it fixed.
         return tf.ensure_shape(image, shape), label
 
     return _decode_counted(blocks.unbatch(), decode_one, counters, parallel).batch(BLOCK)
@@ -49,6 +51,7 @@ def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
         return tf_ops.centre_crop(data, stored, size, fraction)
 
     if plan.training:
+        # seed + 2: a stream of its own, apart from the shuffle's (seed + 1).
         keys = tf.data.Dataset.random(
             seed=None if plan.seed is None else plan.seed + 2, rerandomize_each_iteration=True
         )
@@ -60,6 +63,7 @@ def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
             if crop is None:
                 image = fitted(data, 1.0)
                 if plan.flip:
+                    # Keyed per image: with a seed, the same flips whatever the number of cores.
                     seed = tf.stack([key, tf.constant(1, tf.int64)])
                     image = tf.image.stateless_random_flip_left_right(image, seed=seed)
             else:
@@ -88,6 +92,7 @@ def _decode_counted(records, decode, counters: dict, parallel: dict):
 
         return add
 
+    # Counted before and after the decode: ignore_errors drops silently, the difference tells.
     records = records.map(count("started")).map(decode, **parallel)
     return records.ignore_errors().map(count("decoded"))
 
@@ -151,6 +156,7 @@ def finished_in_window(plan: ReadPlan, augmenter) -> bool:
     """Whether training batches can leave the shuffle window finished, with no per-batch
     step after it: when finishing is only labels and shapes (no augmentation on
     the host, uint8 images)."""
+    # Any other dtype or a host augmentation is a per-batch step after the window.
     return plan.training and not augmenter and plan.dtype == "uint8"
 
 
@@ -161,6 +167,7 @@ def padded(batches, batch_size: int, extra: int = 0):
     def pad(*batch):
         real = tf.shape(batch[0])[0]
         missing = batch_size - real
+        # Keras weighs each example: padding at 0 leaves the metrics those of the real examples.
         weights = tf.ensure_shape(
             tf.concat([tf.ones([real]), tf.zeros([missing])], 0), [batch_size]
         )
@@ -176,5 +183,6 @@ def padded(batches, batch_size: int, extra: int = 0):
         empty = tf.nest.map_structure(
             lambda spec: tf.zeros(spec.shape, spec.dtype), out.element_spec
         )
+        # Batches of padding alone, so every input pipeline yields the same number of batches.
         out = out.concatenate(tf.data.Dataset.from_tensors(empty).repeat(extra))
     return out

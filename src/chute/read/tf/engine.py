@@ -45,9 +45,11 @@ class CacheBudget:
     def __init__(self, total: int | None = None):
         if total is None:
             memory = memory_limit()
+            # 2 GiB when the process's memory limit cannot be read.
             total = memory // 4 if memory else 2 << 30
         self.total = total
         self.used = 0
+        # A lock: datasets may be built and garbage-collected on several threads at once.
         self._lock = threading.Lock()
 
     @property
@@ -148,6 +150,7 @@ def _augmentations(spec, plan: ReadPlan, augment_on: str):
     read in blocks) is one of the heavy ones.
     """
     heavy = spec.heavy if plan.per_image or not spec.flip else ("flip", *spec.heavy)
+    # Evaluation never augments: its pixels must be the same every epoch.
     heavy = heavy if plan.training else ()
     if not heavy:
         return None, None, None
@@ -199,9 +202,11 @@ def _counted_per_epoch(dataset, counters: dict, lost: int):
 
     def restart(_):
         for name, counter in counters.items():
+            # Unreadable shards are skipped in every pass: each pass starts its count with them.
             counter.assign(tf.zeros_like(counter) + (lost if name == "corrupt" else 0))
         return dataset
 
+    # flat_map over one element: restart runs each time an iterator is made, at epoch start.
     return tf.data.Dataset.range(1).flat_map(restart).with_options(dataset_options())
 
 
@@ -250,6 +255,7 @@ def _through_service(dataset, plan: ReadPlan):
     size = plan.batch_size
     dataset = dataset.rebatch(size, drop_remainder=True)
     dataset = dataset.filter(lambda *batch: tf.shape(tf.nest.flatten(batch)[0])[0] == size)
+    # Repeated after the service: each repetition is a new job, so a new order.
     if plan.repeat:
         dataset = dataset.repeat()
     return dataset.prefetch(tf.data.AUTOTUNE)

@@ -15,6 +15,7 @@ from chute.read.tf.plan import ReadPlan
 
 def labelled(plan: ReadPlan, images, labels):
     """``(images, labels)`` in the label mode asked for (or images alone), with static shapes."""
+    # Static shapes from here on: Keras and XLA compile for a known image size.
     images = tf.ensure_shape(images, (None, *plan.shape))
     labels = tf.ensure_shape(labels, (None,))
     if plan.label_mode is None:
@@ -42,6 +43,7 @@ def finisher(plan: ReadPlan, augmentation: DeviceAugmentation | None, host=None)
                 out = augmentation(*out)
             else:
                 out = (augmentation(out[0]), out[1])
+        # uint8 leaves as it is: the models rescale their own input.
         if plan.dtype == "uint8":
             return out
         images, rest = (out, ()) if plan.label_mode is None else (out[0], out[1:])

@@ -49,11 +49,14 @@ class HostAugmentation:
 
     def __call__(self, images, key):
         """The batch augmented, as a tensor of the same shape and dtype (uint8)."""
+        # stateful=False: the randomness comes from the key, so tf.data may treat the call as pure.
         out = tf.numpy_function(self.apply, [images, key], tf.uint8, stateful=False)
+        # numpy_function forgets the shape; the batch comes back as it went in.
         return tf.ensure_shape(out, images.shape)
 
     def apply(self, images: np.ndarray, key: np.int64) -> np.ndarray:
         """NumPy/OpenCV: each image of ``images`` augmented, choices drawn from ``key``."""
+        # The key is a signed int64: masked to a non-negative seed, which NumPy requires.
         rng = np.random.default_rng(int(key) & (2**63 - 1))
         out = np.empty_like(images)
         height, width = images.shape[1:3]
@@ -92,6 +95,7 @@ class HostAugmentation:
         channels = image.shape[-1]
         mean = np.asarray(cv2.mean(image)[:channels], np.float32)
         levels = np.arange(256, dtype=np.float32)[:, None]
+        # A lookup table of 256 levels per channel: one pass over the image, whatever its size.
         table = np.clip(np.rint((levels - mean) * factor + mean + shift), 0, 255)
         table = table.astype(np.uint8).T.reshape(channels, 256)
         if channels == 1:

@@ -112,6 +112,7 @@ class ReadPlan:
         """Blocks the block shuffle holds: about a window's worth, so that it too
         holds at most ``WINDOW_BYTES`` (the window is capped by bytes, and whole
         blocks of ``BLOCK`` records are shuffled), two at the least."""
+        # Two at the least: with one block the shuffle would not mix blocks at all.
         return max(2, (self.window or self.shuffle_buffer) // BLOCK)
 
     @property
@@ -120,6 +121,7 @@ class ReadPlan:
         in evaluation (see ``steps`` for what it yields)."""
         if self.training:
             return self.num_examples // self.batch_size
+        # Ceiling division: evaluation keeps the last, partial batch.
         return -(-self.num_examples // self.batch_size)
 
     @property
@@ -179,6 +181,7 @@ def make_plan(
         cache,
         manifest,
         split,
+        # Decoded pixels are cached only when every epoch decodes them alike and they fit one shape.
         encoded=cropped or sampled or not stored.fixed_size,
         namespace=namespace,
         room=cache_room,
@@ -212,6 +215,7 @@ def make_plan(
         training=training,
         # every pipeline sharing records must see one order
         deterministic=not training or seed is not None or every_nth is not None,
+        # Pipelines that share records by every_nth must keep one shard order, epoch after epoch.
         reshuffle_each_epoch=training and every_nth is None,
         every_nth=every_nth,
         cores=available_cores(),
@@ -225,6 +229,7 @@ def make_plan(
         per_image=per_image,
         random_crop=aim.random_crop,
         flip=per_image and training and options.augment_spec.flip,
+        # Training crops at random instead; the centre crop is evaluation's.
         crop_fraction=aim.crop_fraction if not training else 1.0,
         window=_window(options.shuffle_buffer, batch_size, manifest, split, shape, per_image)
         if training
@@ -254,6 +259,7 @@ def _sampling(
     pipeline's share (see :class:`ReadPlan`), logged; without sampling ``(None, (), ())``."""
     if sampling is None:
         return None, (), ()
+    # Class counts of this pipeline's share, not the split's: the draw probabilities follow them.
     counts, shard_classes = share_counts(manifest, split, *pipeline, by_record=bool(every_nth))
     probabilities = class_probabilities(manifest, split, sampling, counts=counts)
     log.info(
@@ -270,6 +276,7 @@ def _share(manifest: Manifest, split: str, pipelines: int, index: int, data_serv
     n-th record of all; through the service, all of them (dealt out by the dispatcher)."""
     files, counts = manifest.shard_paths(split), manifest.shard_counts(split)
     if data_service:
+        # The dispatcher deals shards out as workers ask: each share is an even part of the split.
         return files, counts, [manifest.num_examples(split) // pipelines] * pipelines, None
     sizes = pipeline_sizes(manifest, split, pipelines)
     if share_lib.by_shard(len(files), pipelines):
@@ -285,6 +292,7 @@ def _through_service(seed, cache, skip_corrupt: bool) -> tuple[None, None]:
             "`skip_corrupt` counts what it skips in this process; the tf.data service's "
             "workers cannot report it. Run `chute verify` instead. Received: skip_corrupt=True"
         )
+    # Told, not refused: the run still trains, only its order is not reproducible.
     if seed is not None:
         log.info(
             "data_service: the dispatcher hands shards to whichever worker asks first, "
@@ -302,8 +310,10 @@ def _namespace(
     """A disk cache's file name: the split, and a digest of the dataset's version (its
     source fingerprint and shards' sha256), of this input pipeline's part, and of
     what is cached (decoded pixels at ``shape``, or encoded records)."""
+    # The shards' digests in the key: a dataset converted again never reads another's cache.
     shards = [s.sha256 for s in manifest.split(split).shards]
     key = json.dumps([manifest.source.get("fingerprint"), shards, pipeline, cropped, shape])
+    # 16 hex digits: short enough for a file name, and collisions are not a practical worry.
     return f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -343,6 +353,7 @@ def _cache_target(
     else:
         size = manifest.num_examples(split) * spec.height * spec.width * spec.channels
         what = "decodes to"
+    # Memory only while it fits what is left of the process's cache budget; else no cache.
     fits = size <= room
     log.info(
         "cache=auto: %s split %s %.0f MB: %s (%.0f MB of the budget left)",
@@ -367,10 +378,12 @@ def _window(
     the window holds (encoded records with ``encoded``, else decoded pixels), whole batches."""
     if encoded:
         shards = manifest.split(split).shards
+        # The mean record size: shard bytes are known without reading a record.
         per_record = sum(s.bytes for s in shards) / max(1, manifest.num_examples(split))
     else:
         per_record = shape[0] * shape[1] * shape[2]
     window = min(shuffle_buffer, max(batch_size, int(WINDOW_BYTES // max(1, per_record))))
     if window < shuffle_buffer:
         log.info("shuffle window: %d records (%d MB)", window, WINDOW_BYTES >> 20)
+    # Whole batches, so that a window never ends mid-batch.
     return batch_size * max(1, window // batch_size)

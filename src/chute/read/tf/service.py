@@ -71,6 +71,7 @@ def _port(value: Any, *, zero: bool) -> int:
 
 def _host_port(address: str) -> tuple[str, int]:
     """``("10.0.0.2", 5050)`` of ``grpc://10.0.0.2:5050`` (an IPv6 host without brackets)."""
+    # rsplit: an IPv6 host holds colons of its own; sockets want it without brackets.
     host, port = address.split("://", 1)[-1].rsplit(":", 1)
     return host.strip("[]"), int(port)
 
@@ -97,6 +98,7 @@ def wait_for_dispatcher(address: str, timeout: float = DISPATCHER_TIMEOUT) -> No
     while True:
         left = deadline - time.monotonic()
         try:
+            # TCP first: it tells "nothing listens" from "something listens but is no dispatcher".
             with socket.create_connection((host, port), timeout=max(0.05, min(left, 5.0))):
                 listening = True
         except OSError as error:  # refused, timed out, unknown host, no route
@@ -116,6 +118,7 @@ def wait_for_dispatcher(address: str, timeout: float = DISPATCHER_TIMEOUT) -> No
                 reason,
             )
             told = True
+        # A dispatcher that starts a moment after the trainer is normal: try again each second.
         time.sleep(min(1.0, left))
     raise ChuteError(_no_answer(address, timeout, reason, listening=listening))
 
@@ -136,6 +139,7 @@ def _grpc_answer(address: str, timeout: float) -> str | None:
         try:
             channel.unary_unary(_VERSION_CALL)(b"", timeout=timeout)
         except grpc.RpcError as error:
+            # Something answered over gRPC: TensorFlow then fails at once, with its own message.
             if error.code() == grpc.StatusCode.UNIMPLEMENTED:
                 return None
             said = " ".join(str(error.details() or "").split())[:300]
@@ -190,6 +194,7 @@ def _started(make: Any, role: str, port: int) -> Any:
     try:
         return make()
     except RuntimeError as error:
+        # TensorFlow reports a taken port only in this message; any other error is raised as it is.
         if "Could not start gRPC server" not in str(error):
             raise
         raise ChuteError(
@@ -218,6 +223,7 @@ def serve_dispatcher(port: int = DEFAULT_PORT, *, work_dir: str | None = None) -
         >>> serve_dispatcher(5050).join()  # doctest: +SKIP
     """
     port = _port(port, zero=False)
+    # Fault tolerance journals to work_dir, so it can only be on when there is one.
     config = tf.data.experimental.service.DispatcherConfig(
         port=port, work_dir=work_dir, fault_tolerant_mode=work_dir is not None
     )
@@ -262,8 +268,10 @@ def serve_worker(dispatcher: str, *, port: int = 0, address: str | None = None) 
     port = _port(port, zero=True)
     host_port = target.split("://", 1)[1]
     if address is None:
+        # A dispatcher on this machine: trainers here reach the worker as localhost too.
         local = host_port.rsplit(":", 1)[0] in _LOCAL
         address = "localhost" if local else socket.gethostname()
+    # %port%: TensorFlow's placeholder for the port it picks when port is 0.
     config = tf.data.experimental.service.WorkerConfig(
         dispatcher_address=host_port, worker_address=f"{address}:%port%", port=port
     )

@@ -41,6 +41,7 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
     size per shard and epoch, so block boundaries move), -1 otherwise (blocks
     of 256).
     """
+    # Parsed a block at a time: per-record steps on serialized records cost more than parsing.
     features = records.parse_features(records.IMAGE, records.CLASS)
     stored = plan.stored
     if stored.encoding == "raw":
@@ -52,6 +53,7 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
 
     def read(file_index, draw):
         path, want = tf.gather(names, file_index), tf.gather(expected, file_index)
+        # 128 to 256 records, new per shard and epoch, so block boundaries move between epochs.
         size = tf.where(
             draw < 0, tf.constant(BLOCK, tf.int64), BLOCK // 2 + draw % (BLOCK // 2 + 1)
         )
@@ -67,11 +69,13 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
                 ok = tf.equal(tf.strings.substr(data, 0, len(signature)), signature)
             at_end = tf.equal(read_now, 0)
             if corrupt is not None:
+                # Only at the shard's end is the shortfall known: a truncated shard just stops.
                 lost = tf.where(at_end, tf.maximum(want - seen, 0), tf.constant(0, tf.int64))
                 skipped += tf.reduce_sum(tf.cast(tf.logical_not(ok), tf.int64))
                 count = tf.IndexedSlices(
                     tf.reshape(skipped + lost, [1]), tf.reshape(file_index, [1])
                 )
+                # scatter_max, not add: a shard read several times an epoch counts its losses once.
                 checks = [corrupt.scatter_max(count)]
                 data, labels = tf.boolean_mask(data, ok), tf.boolean_mask(labels, ok)
             else:
@@ -85,7 +89,9 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
                 ]  # fmt: skip
             with tf.control_dependencies(checks):
                 if stored.encoding == "raw" and not plan.per_image:
+                    # After the checks: a wrong-length record would fail here with a worse message.
                     data = tf.reshape(tf.io.decode_raw(data, tf.uint8), shape)
+                # tf.identity inside the dependencies: the checks run before the block leaves.
                 return (seen + read_now, skipped), (tf.identity(data), labels)
 
         # A missing shard reads as empty: TensorFlow's reader would retry opening it
