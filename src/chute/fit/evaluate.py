@@ -75,15 +75,19 @@ def top_labels(probs: np.ndarray, k: int) -> np.ndarray:
     """
     classes = probs.shape[1]
     k = min(k, classes)
+    # Every class asked for: a full sort is needed anyway.
     if k == classes:
         return np.argsort(-probs, axis=1, kind="stable")
+    # argpartition is O(classes) per row; a full sort of 10,000 classes per row is not.
     chosen = np.argpartition(-probs, k - 1, axis=1)[:, :k]
     values = np.take_along_axis(probs, chosen, 1)
     # a score equal to the k-th highest outside the chosen: pick as the stable sort would
     tied = (probs >= values.min(1, keepdims=True)).sum(1) > k
+    # Rare (exact ties at the cut), so the slow stable sort runs only on those rows.
     for row in np.flatnonzero(tied):
         chosen[row] = np.argsort(-probs[row], kind="stable")[:k]
         values[row] = probs[row, chosen[row]]
+    # Highest score first, ties by label: the stable sort's order, without sorting every class.
     order = np.lexsort((chosen, -values), axis=-1)
     return np.take_along_axis(chosen, order, 1)
 
@@ -111,6 +115,7 @@ class Tally:
         """One batch: scores ``(batch, classes)`` and integer labels ``(batch,)``."""
         probs = np.asarray(probs, np.float32)
         labels = np.asarray(labels, np.int64)
+        # Only the true class's score is kept: enough for the loss, and memory stays O(examples).
         self._chosen.append(probs[np.arange(len(labels)), labels])
         self._labels.append(labels)
         self._predicted.append(probs.argmax(1))  # the first of equal scores, as top_labels
@@ -124,6 +129,7 @@ class Tally:
         predicted = np.concatenate(self._predicted) if self._labels else labels
         chosen = np.concatenate(self._chosen) if self._labels else np.zeros(0, np.float32)
         in_top = np.concatenate(self._in_top) if self._labels else np.zeros(0, bool)
+        # Each (true, predicted) pair as one integer: np.unique counts them without a k × k matrix.
         pairs, times = np.unique(labels * k + predicted, return_counts=True)
         confusion = [
             (int(pair // k), int(pair % k), int(n)) for pair, n in zip(pairs, times, strict=True)
@@ -138,6 +144,7 @@ class Tally:
             }
             for label, name in enumerate(class_names)
         ]
+        # A score of 0 would make the loss infinite: 1e-12 bounds one example's share.
         clipped = np.clip(chosen.astype(np.float64), 1e-12, 1.0)
         return EvalReport(
             split=split,
@@ -174,6 +181,7 @@ def evaluate(
 
     loaded = load_bundle(run_or_model)
     manifest = manifest_lib.load(data)
+    # Same names in the same order: a label is an index into them.
     if list(loaded.class_names) != list(manifest.class_names):
         raise ChuteError(
             f"The model was trained on other classes than {manifest.location!r} holds "
@@ -188,18 +196,22 @@ def evaluate(
         cache=None,
         image_size=loaded.input_size,  # prepared as the model was trained and predicts
         crop_fraction=loaded.crop_fraction,
+        # tf.data cannot open s3:// (TensorFlow has no filesystem for it); Grain reads it
+        engine="tf" if storage.tensorflow_opens(manifest.location) else "grain",
     )
     tally = Tally(manifest.num_classes)
     # one image per class for the picture of the most confused pairs, as a thumbnail
     samples: dict[int, np.ndarray] = {}
+    # Thumbnails only where the picture shows pairs rather than the whole heat map.
     wanted = manifest.num_classes if manifest.num_classes > HEAT_MAP_CLASSES else 0
-    for images, batch_labels in dataset:
-        labels = batch_labels.numpy()
+    for batch_images, batch_labels in dataset:
         # NumPy in and out: the model may run on JAX or torch (on a GPU), not TensorFlow
-        scores = loaded.model(images.numpy(), training=False)
+        images, labels = np.asarray(batch_images), np.asarray(batch_labels)
+        scores = loaded.model(images, training=False)
         tally.add(keras.ops.convert_to_numpy(scores), labels)
+        # Stops looking once every class has one.
         if len(samples) < wanted:
-            for image, label in zip(images.numpy(), labels, strict=True):
+            for image, label in zip(images, labels, strict=True):
                 if int(label) not in samples:
                     samples[int(label)] = thumbnail(image)
     result = tally.report(split, list(manifest.class_names))

@@ -1,8 +1,11 @@
 """The one storage layer: every file chute reads or writes goes through here.
 
 Local paths (and ``file://`` URLs) use plain Python, so writing shards or a
-manifest to a local folder never imports TensorFlow; ``gs://``, ``ram://``
-and every other TensorFlow filesystem go through ``tf.io.gfile``. Callers
+manifest to a local folder never imports TensorFlow. ``s3://`` and every other
+URL fsspec knows and TensorFlow does not (``memory://``, ...) go through fsspec
+(:mod:`chute.format.remote`: one filesystem per scheme, a store's refusals as one
+ChuteError), also without TensorFlow. TensorFlow's own filesystems (``ram://``,
+and ``gs://`` while TensorFlow is installed) go through ``tf.io.gfile``. Callers
 never ask which kind a path is, except to choose what to show.
 
 Example:
@@ -21,12 +24,26 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 from chute.errors import ChuteError
+from chute.format import remote
 from chute.lazy import tf
+
+_COPY_BLOCK = 8 << 20  # a file copied between two kinds of storage goes through in these
+_READ_AHEAD = 1 << 20  # what an fsspec file opened for reading fetches past each read
 
 
 def is_local(path: str) -> bool:
     """True for plain filesystem paths (and ``file://`` URLs)."""
     return "://" not in path or path.startswith("file://")
+
+
+def _fsspec(path: str) -> bool:
+    return not is_local(path) and remote.handles(path)
+
+
+def tensorflow_opens(path: str) -> bool:
+    """Whether TensorFlow's own file functions (tf.data's readers) can open ``path``:
+    local paths and TensorFlow's filesystems, not the ones only fsspec reaches (``s3://``)."""
+    return is_local(path) or not remote.handles(path)
 
 
 def local_path(path: str) -> str:
@@ -43,54 +60,96 @@ def join(base: str, *parts: str) -> str:
 
 def basename(path: str) -> str:
     """The last part of ``path`` (either separator)."""
+    # Both separators: a Windows path and a URL alike; a trailing "/" names the folder itself.
     return path.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def dirname(path: str) -> str:
     """The folder holding ``path``: absolute for local paths."""
     if is_local(path):
+        # Absolute: the dirname of a bare name would be "", which no function takes as a folder.
         return os.path.dirname(os.path.abspath(local_path(path)))
     return posixpath.dirname(path.rstrip("/"))
 
 
 def exists(path: str) -> bool:
-    """Whether ``path`` exists."""
-    return os.path.exists(local_path(path)) if is_local(path) else tf.io.gfile.exists(path)
+    """Whether ``path`` exists (in a bucket: an object, or a prefix of one)."""
+    if is_local(path):
+        return os.path.exists(local_path(path))
+    if not _fsspec(path):
+        return tf.io.gfile.exists(path)
+    fs, key = remote.filesystem(path)
+    with remote.errors(path):
+        found = fs.exists(key)
+    if not found:
+        remote.check_bucket(path)  # "no such bucket" rather than "no such dataset"
+    return found
 
 
 def isdir(path: str) -> bool:
-    """Whether ``path`` is a folder."""
-    return os.path.isdir(local_path(path)) if is_local(path) else tf.io.gfile.isdir(path)
+    """Whether ``path`` is a folder (in a bucket: a prefix of some object)."""
+    if is_local(path):
+        return os.path.isdir(local_path(path))
+    if not _fsspec(path):
+        return tf.io.gfile.isdir(path)
+    fs, key = remote.filesystem(path)
+    with remote.errors(path):
+        found = fs.isdir(key)
+    if not found:
+        remote.check_bucket(path)
+    return found
 
 
 def listdir(path: str) -> list[str]:
     """Names in folder ``path``, sorted (no trailing ``/`` on folders)."""
-    names = os.listdir(local_path(path)) if is_local(path) else tf.io.gfile.listdir(path)
+    if is_local(path):
+        names = os.listdir(local_path(path))
+    elif not _fsspec(path):
+        names = tf.io.gfile.listdir(path)
+    else:
+        fs, key = remote.filesystem(path)
+        with remote.errors(path):
+            names = [posixpath.basename(name.rstrip("/")) for name in fs.ls(key, detail=False)]
+    # gfile lists folders with a trailing "/"; sorted, so every caller sees one order.
     return sorted(name.rstrip("/") for name in names)
 
 
 def makedirs(path: str) -> None:
-    """Creates folder ``path`` and its parents; nothing if it exists."""
+    """Creates folder ``path`` and its parents; nothing if it exists (nor in a bucket,
+    where folders are only the prefixes of the objects written into them)."""
     if is_local(path):
         os.makedirs(local_path(path), exist_ok=True)
-    else:
+    elif not _fsspec(path):
         tf.io.gfile.makedirs(path)
+    # An object store has no folders to make: writing a key makes its prefix.
+    elif not remote.object_store(path):
+        fs, key = remote.filesystem(path)
+        with remote.errors(path):
+            fs.makedirs(key, exist_ok=True)
 
 
 def remove(path: str) -> None:
     """Deletes file ``path``."""
     if is_local(path):
         os.remove(local_path(path))
-    else:
+    elif not _fsspec(path):
         tf.io.gfile.remove(path)
+    else:
+        fs, key = remote.filesystem(path)
+        with remote.errors(path):
+            fs.rm_file(key)
 
 
 def rmtree(path: str) -> None:
     """Deletes folder ``path`` and everything in it."""
     if is_local(path):
         shutil.rmtree(local_path(path))
-    else:
+    elif not _fsspec(path):
         tf.io.gfile.rmtree(path)
+    else:
+        fs, key = remote.filesystem(path)
+        with remote.errors(path):
+            fs.rm(key, recursive=True)
 
 
 def remove_if_exists(path: str) -> None:
@@ -102,38 +161,73 @@ def remove_if_exists(path: str) -> None:
 
 
 def rename(source: str, target: str) -> None:
-    """Moves ``source`` to ``target``, replacing it (atomic on one local filesystem)."""
-    if is_local(source):
+    """Moves ``source`` to ``target``, replacing it (atomic on one local filesystem; a
+    copy, then a delete, in a bucket)."""
+    if is_local(source) and is_local(target):
         os.replace(local_path(source), local_path(target))
-    else:
+    elif not (_fsspec(source) or _fsspec(target)):
+        # overwrite=True, as os.replace: the target of an atomic write already exists.
         tf.io.gfile.rename(source, target, overwrite=True)
+    elif isdir(source):
+        for name in listdir(source):
+            rename(join(source, name), join(target, name))
+        remove_if_exists(source)  # the folder itself, where folders are real (memory://)
+    else:
+        copy(source, target)
+        remove(source)
 
 
 def copy(source: str, target: str) -> None:
     """Copies file ``source`` to ``target``, replacing it."""
     if is_local(source) and is_local(target):
         shutil.copyfile(local_path(source), local_path(target))
-    else:
+    elif not (_fsspec(source) or _fsspec(target)):
         tf.io.gfile.copy(source, target, overwrite=True)
+    elif _fsspec(source) and remote.scheme(source) == remote.scheme(target):
+        fs, key = remote.filesystem(source)
+        with remote.errors(source):
+            fs.copy(key, remote.filesystem(target)[1])
+    else:  # between two kinds of storage: streamed through this process
+        with open_file(source, "rb") as reader, open_file(target, "wb") as writer:
+            shutil.copyfileobj(reader, writer, _COPY_BLOCK)
 
 
 def size(path: str) -> int:
     """The size of file ``path`` in bytes."""
-    return os.path.getsize(local_path(path)) if is_local(path) else tf.io.gfile.stat(path).length
+    if is_local(path):
+        return os.path.getsize(local_path(path))
+    if not _fsspec(path):
+        return tf.io.gfile.stat(path).length
+    fs, key = remote.filesystem(path)
+    with remote.errors(path):
+        return fs.size(key)
 
 
 def open_file(path: str, mode: str = "rb") -> IO[Any]:
-    """A binary file object: the builtin ``open`` locally, ``tf.io.gfile.GFile`` otherwise."""
+    """A binary file object: the builtin ``open`` locally, an fsspec file for ``s3://``
+    and the like (written on ``close``), ``tf.io.gfile.GFile`` for TensorFlow's filesystems."""
     if is_local(path):
         return open(local_path(path), mode)
-    return tf.io.gfile.GFile(path, mode)
+    if not _fsspec(path):
+        return tf.io.gfile.GFile(path, mode)
+    fs, key = remote.filesystem(path)
+    # s3fs reads ahead 50 MB by default: per record of a random-access reader (Grain), that
+    # is a 50 MB download; 1 MB keeps sequential scans to few requests and random reads small
+    options = {"block_size": _READ_AHEAD} if "r" in mode else {}
+    with remote.errors(path):
+        return fs.open(key, mode, **options)
 
 
 def read_bytes(path: str) -> bytes:
     """The whole content of file ``path``."""
     if is_local(path):
+        # Unbuffered, then readall(): one read of the whole file, no copy through a buffer.
         with open(local_path(path), "rb", buffering=0) as handle:
             return handle.readall()
+    if _fsspec(path):
+        fs, key = remote.filesystem(path)
+        with remote.errors(path):
+            return fs.cat_file(key)
     with tf.io.gfile.GFile(path, "rb") as handle:
         return handle.read()
 
@@ -142,8 +236,15 @@ def write_atomic(path: str, data: bytes) -> None:
     """Writes ``data`` under a temporary name, then renames it to ``path``.
 
     A reader sees the old file or the whole new one, never a part; locally the
-    data reach the disk (fsync) before the rename.
+    data reach the disk (fsync) before the rename. Through fsspec the whole body
+    goes in one put, which an object store makes visible at once.
     """
+    if _fsspec(path):
+        fs, key = remote.filesystem(path)
+        with remote.errors(path):
+            # No temporary name: an object store shows a put whole or not at all.
+            fs.pipe_file(key, data)
+        return
     tmp = path + ".tmp"
     with open_file(tmp, "wb") as handle:
         handle.write(data)
@@ -153,15 +254,24 @@ def write_atomic(path: str, data: bytes) -> None:
 
 def sync(handle: IO[Any]) -> None:
     """Flushes a local file's data to the disk (remote filesystems commit on close)."""
-    if hasattr(handle, "fileno"):
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        fd = handle.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: an fsspec file
+        return
+    handle.flush()
+    os.fsync(fd)
 
 
 def walk(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
-    """``os.walk`` for a remote folder (``tf.io.gfile.walk``); local walks stay with callers,
-    who decide how to follow symlinks."""
-    yield from tf.io.gfile.walk(top)
+    """``os.walk`` for a remote folder, top down (a caller may prune ``dirnames`` in
+    place); local walks stay with callers, who decide how to follow symlinks."""
+    if not _fsspec(top):
+        yield from tf.io.gfile.walk(top)
+        return
+    fs, key = remote.filesystem(top)
+    with remote.errors(top):
+        for dirpath, dirnames, filenames in fs.walk(key, topdown=True):
+            yield remote.url(fs, top, key, dirpath), dirnames, filenames
 
 
 def glob(pattern: str) -> list[str]:
@@ -169,8 +279,15 @@ def glob(pattern: str) -> list[str]:
     if is_local(pattern):
         import glob as glob_lib
 
+        # recursive=True: "**" matches folders at any depth.
         return sorted(glob_lib.glob(local_path(pattern), recursive=True))
-    return sorted(tf.io.gfile.glob(pattern))
+    if not _fsspec(pattern):
+        return sorted(tf.io.gfile.glob(pattern))
+    fs, key = remote.filesystem(pattern)
+    base = remote.glob_base(pattern)
+    base_key = remote.filesystem(base)[1]
+    with remote.errors(pattern):
+        return sorted(remote.url(fs, base, base_key, found) for found in fs.glob(key))
 
 
 def unreadable(paths: Sequence[str]) -> dict[str, str]:
@@ -192,9 +309,11 @@ def unreadable(paths: Sequence[str]) -> dict[str, str]:
                 handle.read(1)
         except Exception as error:  # OSError locally, tf.errors.OpError remotely
             if exists(path):
+                # TensorFlow's errors keep their bare text in .message.
                 return getattr(error, "message", None) or str(error)
         return None
 
+    # Local opens are fast: threads would only add overhead.
     if all(is_local(path) for path in paths):
         found = [problem(path) for path in paths]
     else:
@@ -224,5 +343,6 @@ def replace_or_refuse(
             f"`{name}` {path!r} holds {holds}. Pass overwrite=True (--overwrite) to replace "
             "it, or choose another folder"
         )
+    # Only chute's own entries: whatever else the user keeps in the folder stays.
     for entry in entries:
         remove_if_exists(join(path, entry))

@@ -15,7 +15,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
+from chute.format import storage
 from chute.read import share
 from chute.read.engine import Engine, LoadInfo, info_of
 from chute.read.options import LoadOptions, resolve
@@ -82,6 +84,7 @@ def load(
     """
     options = resolve(options, overrides)  # every value checked before any work
     manifest = manifest_lib.load(path)
+    _check_engine_reaches(manifest.location, options)
     engine = engine_named(options.engine)
     if strategy is not None and options.engine == "tf":
         return _distributed(manifest, split, options, strategy)
@@ -89,6 +92,17 @@ def load(
     dataset, info = engine.build(plan, manifest, options)
     dataset.chute = info
     return dataset
+
+
+def _check_engine_reaches(location: str, options: LoadOptions) -> None:
+    """tf.data opens shards through TensorFlow's filesystems, which have no ``s3://``: say
+    so before any work, and name the engine that reads through chute's storage layer."""
+    if options.engine == "tf" and not storage.tensorflow_opens(location):
+        raise ChuteError(
+            f"The tf.data engine (engine='tf', the default) cannot read {location!r}: "
+            "TensorFlow has no filesystem for it. Pass engine='grain' (--engine grain), "
+            "or copy the dataset to a local folder"
+        )
 
 
 def _distributed(manifest, split: str, options: LoadOptions, strategy):
