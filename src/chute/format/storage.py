@@ -78,12 +78,7 @@ def exists(path: str) -> bool:
         return os.path.exists(local_path(path))
     if not _fsspec(path):
         return tf.io.gfile.exists(path)
-    fs, key = remote.filesystem(path)
-    with remote.errors(path):
-        found = fs.exists(key)
-    if not found:
-        remote.check_bucket(path)  # "no such bucket" rather than "no such dataset"
-    return found
+    return _found_remote(path, "exists")
 
 
 def isdir(path: str) -> bool:
@@ -92,11 +87,16 @@ def isdir(path: str) -> bool:
         return os.path.isdir(local_path(path))
     if not _fsspec(path):
         return tf.io.gfile.isdir(path)
+    return _found_remote(path, "isdir")
+
+
+def _found_remote(path: str, ask: str) -> bool:
+    """fsspec's ``exists`` or ``isdir`` of ``path``; when False, a missing bucket is said."""
     fs, key = remote.filesystem(path)
     with remote.errors(path):
-        found = fs.isdir(key)
+        found = bool(getattr(fs, ask)(key))
     if not found:
-        remote.check_bucket(path)
+        remote.check_bucket(path)  # "no such bucket" rather than "no such dataset"
     return found
 
 
