@@ -14,11 +14,16 @@ from pathlib import Path
 import pytest
 from helpers import FAST_TRAINING, make_folder, once_per_run
 
+# Object-store servers on 127.0.0.1 (s3_endpoint, gcs_endpoint): tests/object_stores.py
+pytest_plugins = ("object_stores",)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # Keras reads KERAS_HOME once, when it is imported: tests get a cache folder of their own
 # (seeded by the tests that need weights in it), never the user's ~/.keras.
 os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="chute-test-keras-")
+# The shard cache of data in a bucket defaults to $XDG_CACHE_HOME/chute/shards: never the user's.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="chute-test-cache-")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -1,12 +1,11 @@
 """s3:// through fsspec (s3fs), against moto's S3 server on 127.0.0.1: the storage layer's
 functions, a dataset converted into a bucket and read back from it, and the one-line
 errors (no bucket, no credentials, no s3fs, the tf.data engine). memory:// goes through
-fsspec too. No network, no cloud account: the module starts the server and stops it.
+fsspec too. No network, no cloud account: the server is tests/object_stores.py's s3_endpoint.
 """
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 import uuid
@@ -14,6 +13,8 @@ import uuid
 import numpy as np
 import pytest
 from helpers import make_folder, run_here
+from object_stores import S3_SECRET as SECRET
+from object_stores import new_s3_bucket
 
 import chute
 from chute.errors import ChuteError
@@ -21,57 +22,19 @@ from chute.format import remote, storage
 from chute.read.grain.source import GrainSource
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-
-SECRET = "not-a-real-secret-key"
-
-
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory):
-    """moto's S3 server on a free port of 127.0.0.1, and dummy credentials in the
-    environment (nothing read from this machine's AWS files or an instance role)."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    werkzeug = logging.getLogger("werkzeug")  # the server's line per request
-    level = werkzeug.level
-    werkzeug.setLevel(logging.WARNING)
-    server.start()
-    host, port = server.get_host_and_port()
-    nothing = tmp_path_factory.mktemp("aws") / "none"
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-                patch.delenv(name, raising=False)
-            patch.setenv("AWS_ACCESS_KEY_ID", "testing")
-            patch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-            patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-            patch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
-            patch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(nothing))
-            patch.setenv("AWS_CONFIG_FILE", str(nothing))
-            patch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-            yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-        werkzeug.setLevel(level)
-
-
-def _new_bucket(endpoint: str) -> str:
-    import boto3
-
-    name = f"chute-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
-    return f"s3://{name}"
+pytest.importorskip("moto.server")
 
 
 @pytest.fixture
-def bucket(endpoint) -> str:
-    return _new_bucket(endpoint)
+def bucket(s3_endpoint) -> str:
+    return new_s3_bucket(s3_endpoint)
 
 
 @pytest.fixture(scope="module")
-def dataset(endpoint, tmp_path_factory) -> str:
+def dataset(s3_endpoint, tmp_path_factory) -> str:
     """A dataset converted from a local folder into a bucket (with the CLI)."""
     src = make_folder(tmp_path_factory.mktemp("s3src") / "src", {"a": 10, "b": 8, "c": 6})
-    out = _new_bucket(endpoint) + "/shards"
+    out = new_s3_bucket(s3_endpoint) + "/shards"
     done = run_here("-q", "convert", src, out, "--val-fraction", "0.25", "--min-shards", "2",
                     "--workers", "1")  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -173,7 +136,7 @@ def test_the_tf_engine_says_it_cannot_read_a_bucket(dataset):
         chute.load(dataset)
 
 
-def test_no_such_bucket_is_one_line(endpoint):
+def test_no_such_bucket_is_one_line(s3_endpoint):
     url = f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/shards"
     with pytest.raises(ChuteError, match="No bucket 'no-such-bucket-"):
         storage.exists(url)
@@ -210,7 +173,7 @@ def test_without_s3fs_the_cli_says_what_to_install_in_one_line():
     assert "pip install 'chute[s3]'" in done.stderr and "s3://some-bucket/shards" in done.stderr
 
 
-def test_converting_into_a_bucket_never_imports_tensorflow(dataset, endpoint, tmp_path):
+def test_converting_into_a_bucket_never_imports_tensorflow(dataset, s3_endpoint, tmp_path):
     make_folder(tmp_path / "src", {"a": 3, "b": 3})
     out = dataset.rsplit("/", 1)[0] + "/tf-free"
     code = (
@@ -234,9 +197,9 @@ def test_schemes_and_glob_bases():
 
 
 @pytest.mark.slow  # trains a small model for one epoch (TensorFlow)
-def test_train_from_a_bucket_with_the_grain_engine(endpoint, tmp_path):
+def test_train_from_a_bucket_with_the_grain_engine(s3_endpoint, tmp_path):
     make_folder(tmp_path / "src", {"a": 8, "b": 8}, size=(16, 16))
-    out = _new_bucket(endpoint) + "/shards"
+    out = new_s3_bucket(s3_endpoint) + "/shards"
     chute.convert(tmp_path / "src", out, image_size=16, val_fraction=0.25, workers=1)
     options = ["--epochs", "1", "--batch-size", "8", "--model", "kannada-cnn", "--strategy", "cpu"]
     refused = run_here("train", out, "--run-dir", tmp_path / "tf", *options)

@@ -1,12 +1,12 @@
 """The one storage layer: every file chute reads or writes goes through here.
 
 Local paths (and ``file://`` URLs) use plain Python, so writing shards or a
-manifest to a local folder never imports TensorFlow. ``s3://`` and every other
-URL fsspec knows and TensorFlow does not (``memory://``, ...) go through fsspec
+manifest to a local folder never imports TensorFlow. ``s3://``, ``gs://``,
+``az://`` and every other URL fsspec knows (``memory://``, ...) go through fsspec
 (:mod:`chute.format.remote`: one filesystem per scheme, a store's refusals as one
 ChuteError), also without TensorFlow. TensorFlow's own filesystems (``ram://``,
-and ``gs://`` while TensorFlow is installed) go through ``tf.io.gfile``. Callers
-never ask which kind a path is, except to choose what to show.
+and ``gs://`` when gcsfs is missing and TensorFlow is installed) go through
+``tf.io.gfile``. Callers never ask which kind a path is, except to choose what to show.
 
 Example:
     >>> write_atomic("ram://out/notes.txt", b"hello")  # doctest: +SKIP
@@ -42,8 +42,10 @@ def _fsspec(path: str) -> bool:
 
 def tensorflow_opens(path: str) -> bool:
     """Whether TensorFlow's own file functions (tf.data's readers) can open ``path``:
-    local paths and TensorFlow's filesystems, not the ones only fsspec reaches (``s3://``)."""
-    return is_local(path) or not remote.handles(path)
+    local paths and TensorFlow's filesystems (``gs://`` while TensorFlow is installed,
+    even when chute itself reaches it through gcsfs), not the ones only fsspec reaches
+    (``s3://``, ``az://``)."""
+    return is_local(path) or remote.tensorflow_knows(path) or not remote.handles(path)
 
 
 def local_path(path: str) -> str:
@@ -204,15 +206,17 @@ def size(path: str) -> int:
 
 
 def open_file(path: str, mode: str = "rb") -> IO[Any]:
-    """A binary file object: the builtin ``open`` locally, an fsspec file for ``s3://``
-    and the like (written on ``close``), ``tf.io.gfile.GFile`` for TensorFlow's filesystems."""
+    """A binary file object: the builtin ``open`` locally, an fsspec file for ``s3://``,
+    ``gs://`` and the like (written on ``close``), ``tf.io.gfile.GFile`` for TensorFlow's
+    filesystems."""
     if is_local(path):
         return open(local_path(path), mode)
     if not _fsspec(path):
         return tf.io.gfile.GFile(path, mode)
     fs, key = remote.filesystem(path)
-    # s3fs reads ahead 50 MB by default: per record of a random-access reader (Grain), that
-    # is a 50 MB download; 1 MB keeps sequential scans to few requests and random reads small
+    # s3fs reads ahead 50 MB by default (gcsfs 5 MB): per record of a random-access reader
+    # (Grain), that much downloaded; 1 MB keeps sequential scans to few requests and random
+    # reads small
     options = {"block_size": _READ_AHEAD} if "r" in mode else {}
     with remote.errors(path):
         return fs.open(key, mode, **options)
@@ -250,6 +254,37 @@ def write_atomic(path: str, data: bytes) -> None:
         handle.write(data)
         sync(handle)
     rename(tmp, path)
+
+
+def create(path: str, data: bytes) -> bool:
+    """Writes ``data`` to ``path`` only if nothing is there; False if something is.
+
+    Atomic locally (``O_EXCL``) and on object stores that take a conditional put (S3's
+    ``If-None-Match``, GCS's ``ifGenerationMatch=0``: fsspec's ``mode="create"``); on other
+    filesystems a check, then a write (two writers may both see nothing).
+    """
+    if is_local(path):
+        try:
+            handle = os.open(local_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        return True
+    if _fsspec(path):
+        fs, key = remote.filesystem(path)
+        try:
+            with remote.errors(path):
+                fs.pipe_file(key, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except TypeError:  # an fsspec older than pipe_file's `mode`: check, then write
+            pass
+    if exists(path):
+        return False
+    write_atomic(path, data)
+    return True
 
 
 def sync(handle: IO[Any]) -> None:
