@@ -6,6 +6,17 @@ shards with it. A conversion that is killed (SIGKILL, a machine that restarted)
 leaves its lock and the temporary folders it unpacked a compressed tar or Parquet
 files to; both carry its pid, so the next conversion into ``OUT`` recognises them
 as a dead process's and takes them over or deletes them.
+
+In a bucket nothing can be flock'ed and another host's pid cannot be asked: the lock
+is an object made with a conditional put (only one of two conversions creates it:
+:func:`chute.format.storage.create`), and its holder renews it every
+``HEARTBEAT_S`` seconds. A lock of another host not renewed for ``EXPIRY_S`` seconds
+is a dead conversion's and is taken over (by the holder's clock: hosts whose clocks
+differ by minutes still agree). Two conversions that find the same expired lock at
+the same moment may both take it; the holder's next renewal then sees the other's
+lock and says so, and a conversion deletes only its own lock. The temporary folders
+are on the converting machine, never in the bucket; the shards' work folder
+(``OUT/.chute-work``) is in ``OUT`` wherever it is.
 """
 
 from __future__ import annotations
@@ -19,6 +30,8 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
+import uuid
 from collections.abc import Iterator
 
 from chute.errors import ChuteError
@@ -28,6 +41,8 @@ from chute.ingest.sources import source_identity
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".chute-lock"
+HEARTBEAT_S = 30.0  # how often a lock in a bucket is renewed while its conversion runs
+EXPIRY_S = 600.0  # another host's lock in a bucket not renewed for this long is a dead one's
 
 
 @contextlib.contextmanager
@@ -55,16 +70,13 @@ def locked(output: str) -> Iterator[None]:
 def _lock_file(output: str) -> Iterator[None]:
     path = storage.join(output, LOCK_NAME)
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+    if not storage.is_local(path):  # renewed while held; whose it is, by the token
+        me |= {"token": uuid.uuid4().hex, "renewed": me["since"]}
     if not _take(path, me):
         holder = _holder(path)
         if holder is None or _alive(holder):
-            who = (
-                f"pid {holder['pid']} on {holder['host']}, since {holder['since']}"
-                if holder
-                else "unknown"
-            )
             raise ChuteError(
-                f"Another chute convert is writing into `output` ({who}). Received: "
+                f"Another chute convert is writing into `output` ({_who(holder)}). Received: "
                 f"output={output!r}; wait for it to end, or, if it is no longer running, "
                 f"delete {path}"
             )
@@ -73,29 +85,21 @@ def _lock_file(output: str) -> Iterator[None]:
         # two runs may find the same dead lock: the exclusive create below picks one
         if not _take(path, me):
             raise ChuteError(f"Another chute convert took the lock {path} just now")
+    heartbeat = None if storage.is_local(path) else _Heartbeat(path, me)
     try:
         yield
     finally:
-        storage.remove_if_exists(path)
+        if heartbeat is not None:
+            heartbeat.stop()
+        # in a bucket, only its own: a lock taken over after a long pause is the other's now
+        if heartbeat is None or heartbeat.ours():
+            storage.remove_if_exists(path)
 
 
 def _take(path: str, me: dict) -> bool:
-    """Creates the lock file; False if it exists (atomic for local paths; for other
-    filesystems, which have no exclusive create, a check then a write)."""
-    text = json.dumps(me).encode()
-    if storage.is_local(path):
-        try:
-            # O_EXCL: the create itself fails if another process made the file first.
-            handle = os.open(storage.local_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return False
-        with os.fdopen(handle, "wb") as file:
-            file.write(text)
-        return True
-    if storage.exists(path):
-        return False
-    storage.write_atomic(path, text)
-    return True
+    """Creates the lock file; False if it exists (atomic locally and on object stores
+    with conditional puts; see :func:`chute.format.storage.create`)."""
+    return storage.create(path, json.dumps(me).encode())
 
 
 def _holder(path: str) -> dict | None:
@@ -106,11 +110,21 @@ def _holder(path: str) -> dict | None:
     return holder if isinstance(holder, dict) and {"pid", "host"} <= set(holder) else None
 
 
+def _who(holder: dict | None) -> str:
+    if holder is None:
+        return "unknown"
+    who = f"pid {holder['pid']} on {holder['host']}, since {holder.get('since')}"
+    if "renewed" in holder:
+        who += f"; renewed {holder['renewed']}, taken over once {EXPIRY_S:.0f} s pass without"
+    return who
+
+
 def _alive(holder: dict) -> bool:
-    """Whether the process holding a lock may still run (another machine: assume so)."""
-    # Another machine's pid cannot be checked from here: its lock is taken as held.
+    """Whether the process holding a lock may still run: on this machine, whether its pid
+    does; on another, whether it renewed its lock within ``EXPIRY_S`` (a lock that is
+    never renewed, on a shared filesystem, is taken as held)."""
     if holder["host"] != socket.gethostname():
-        return True
+        return _age_s(holder.get("renewed")) < EXPIRY_S
     try:
         os.kill(int(holder["pid"]), 0)  # signal 0: only asks whether the pid exists
     except ProcessLookupError:
@@ -118,6 +132,58 @@ def _alive(holder: dict) -> bool:
     except (PermissionError, ValueError, OverflowError):
         return True  # someone else's process, or a pid we cannot read: not ours to take
     return True
+
+
+def _age_s(stamp: object) -> float:
+    """Seconds since ISO time ``stamp``; 0 when there is none or it does not parse."""
+    try:
+        then = datetime.datetime.fromisoformat(str(stamp))
+    except ValueError:
+        return 0.0
+    if then.tzinfo is None:
+        return 0.0
+    return (datetime.datetime.now(datetime.timezone.utc) - then).total_seconds()
+
+
+class _Heartbeat:
+    """Renews a lock in a bucket every ``HEARTBEAT_S`` seconds, from a daemon thread,
+    while it is still this conversion's (its token)."""
+
+    def __init__(self, path: str, me: dict):
+        self._path, self._me = path, dict(me)
+        self._stopped = threading.Event()
+        self._lost = False
+        self._thread = threading.Thread(target=self._run, name="chute-lock", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(HEARTBEAT_S):
+            try:
+                if not self.ours():
+                    return
+                self._me["renewed"] = _now()
+                storage.write_atomic(self._path, json.dumps(self._me).encode())
+            except Exception as error:  # a refused request: the next beat tries again
+                log.warning("could not renew the lock %s: %s", self._path, error)
+
+    def ours(self) -> bool:
+        """Whether the lock is still this conversion's (said once when it is not)."""
+        if self._lost:
+            return False
+        holder = _holder(self._path)
+        if holder is not None and holder.get("token") == self._me["token"]:
+            return True
+        self._lost = True
+        log.error(
+            "the lock %s is no longer this conversion's (%s): another conversion writes "
+            "into the same output; check its result with `chute verify`",
+            self._path, _who(holder),
+        )  # fmt: skip
+        return False
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
 
 
 def _now() -> str:
