@@ -150,9 +150,9 @@ def test_inspect_grid_fails_before_the_report(shared_dataset, tmp_path):
     done = run_here("inspect", shared_dataset, "--grid", tmp_path / "no" / "such" / "grid.png")
     assert done.returncode == 1 and "chute inspect: error:" in done.stderr
     assert done.stdout == ""  # not the whole report, then the error
+    # the grid reads records in plain Python: drawn without TensorFlow too
     done = _without_tensorflow("inspect", shared_dataset, "--grid", tmp_path / "grid.png")
-    assert done.returncode == 2 and "pip install 'chute[tensorflow]'" in done.stderr
-    assert done.stdout == "" and not (tmp_path / "grid.png").exists()
+    assert done.returncode == 0 and (tmp_path / "grid.png").exists(), done.stderr
 
 
 def test_verify_prints_each_problem_once(shared_dataset, tmp_path):

@@ -116,11 +116,15 @@ def test_tensorflow_is_an_extra_never_a_hard_requirement():
     assert extras["tensorflow-cpu"] == ["tensorflow-cpu>=2.16"]
 
 
-def test_without_tensorflow_a_command_says_what_to_install_in_one_line(shared_dataset):
+def test_without_tensorflow_a_command_says_what_to_install_in_one_line(shared_dataset, tmp_path):
+    # verify, train on JAX and the rest run without TensorFlow (tests/fit/
+    # test_without_tensorflow.py); training on the TensorFlow backend cannot
+    run = str(tmp_path / "run")
     code = (
         "import sys; sys.modules['tensorflow'] = None  # as if it were not installed\n"
         "from chute.cli import main\n"
-        f"sys.exit(main(['verify', {str(shared_dataset)!r}, '--no-progress']))"
+        f"sys.exit(main(['train', {str(shared_dataset)!r}, '--backend', 'tensorflow', "
+        f"'--run-dir', {run!r}]))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2, done.stderr

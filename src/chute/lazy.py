@@ -19,6 +19,8 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 import types
 from typing import Any
 
@@ -64,6 +66,22 @@ class LazyModule(types.ModuleType):
 
     def __dir__(self) -> list[str]:
         return dir(self._load())
+
+
+def installed(name: str) -> bool:
+    """Whether module ``name`` can be imported here, without importing it (a module set to
+    None in ``sys.modules`` counts as absent, as Python's import does).
+
+    Example:
+        >>> installed("chute"), installed("no_such_module")
+        (True, False)
+    """
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that is not there, or no __spec__
+        return False
 
 
 tf: Any = LazyModule("tensorflow")

@@ -22,7 +22,7 @@ from chute import checks
 from chute.errors import ChuteError
 from chute.format import storage
 from chute.format.bundle import META_NAME, MODEL_NAME, Bundle, load_bundle
-from chute.lazy import tf
+from chute.lazy import TENSORFLOW_BUILDS, installed, tf
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,12 @@ def export(
     """
     checks.one_of("format", format, FORMATS)
     output = os.fspath(output)
+    if format == "savedmodel" and not installed("tensorflow"):  # before any work or writing
+        raise ChuteError(
+            "A SavedModel export (format='savedmodel', the default) is TensorFlow's format "
+            f"and needs TensorFlow, not installed here: {TENSORFLOW_BUILDS}; or pass "
+            "format='keras' (--format keras), which needs no TensorFlow"
+        )
     bundle = load_bundle(run_or_bundle)
     # Before any writing: a refused folder is left exactly as it was.
     _prepare_output(output, bundle.location, overwrite)

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
@@ -34,12 +35,13 @@ from chute.fit.evaluate import top_labels
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
 from chute.format.spec import ImageSpec
+from chute.image import crop
 from chute.image.decode import load_pixels
 from chute.image.encode import stored_bytes
 from chute.image.files import IMAGE_EXTENSIONS, image_files, text_key
 from chute.image.header import Rejected
 from chute.image.tf_ops import centre_crop
-from chute.lazy import tf
+from chute.lazy import installed, tf
 
 log = logging.getLogger(__name__)
 
@@ -182,9 +184,7 @@ def predict(
     outputs = []
     # No bigger than the input: a few images are not padded up to a whole batch_size.
     size = min(batch_size, len(files))
-    # The CPU, whatever the model was trained on: a bundle from a TPU or GPU
-    # run must classify images on a machine that has neither.
-    with tf.device("/cpu:0"):
+    with _on_cpu():
         for start in range(0, len(files), size):
             pixels = []
             for path in files[start : start + size]:
@@ -253,9 +253,22 @@ def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
     else:  # raw and PNG keep the pixels as they are
         stored = ImageSpec(*pixels.shape, "raw", interpolation=spec.interpolation)
         data = pixels.tobytes()
+    if not installed("tensorflow"):  # the Grain engine's crop: the same pixels (bilinear, nearest)
+        height, width = pixels.shape[:2]
+        window = crop.centre_window(height, width, bundle.input_size, bundle.crop_fraction)
+        return crop.window_pixels(
+            data, stored.encoding, pixels.shape, window, bundle.input_size, spec.interpolation
+        )
     with tf.device("/cpu:0"):
         image = centre_crop(tf.constant(data), stored, bundle.input_size, bundle.crop_fraction)
     return image.numpy()
+
+
+def _on_cpu() -> Any:
+    """TensorFlow's CPU scope, where TensorFlow is installed: a bundle from a TPU or GPU
+    run must classify images on a machine that has neither (without TensorFlow, Keras's
+    backend places the model itself)."""
+    return tf.device("/cpu:0") if installed("tensorflow") else contextlib.nullcontext()
 
 
 def _entries(images: Any) -> list[str]:

@@ -19,6 +19,8 @@ Example:
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
+from typing import IO
 
 import numpy as np
 
@@ -62,6 +64,25 @@ def unframe(framed: bytes | memoryview) -> bytes:
     if _CRC.unpack_from(data, 12 + length)[0] != records.masked_crc(record):
         raise ChuteError("the record's CRC is wrong (its bytes changed)")
     return record
+
+
+def read_records(handle: IO[bytes]) -> Iterator[bytes]:
+    """Each record of a TFRecord file open for reading (local or ``storage.open_file``),
+    in order, its frame checked by :func:`unframe`: what ``tf.data.TFRecordDataset``
+    reads, without TensorFlow.
+
+    Raises:
+        ChuteError: the file ends inside a frame, or a CRC or length is wrong.
+
+    Example:
+        >>> import io
+        >>> list(read_records(io.BytesIO(records.frame(b"a") + records.frame(b"bc"))))
+        [b'a', b'bc']
+    """
+    while head := handle.read(12):
+        if len(head) < 12:
+            raise ChuteError("the file ends inside a record's header")
+        yield unframe(head + handle.read(_LENGTH.unpack_from(head)[0] + 4))
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -16,8 +16,7 @@ from PIL import Image, ImageDraw, ImageFont
 from chute import checks
 from chute.fit.plots import caption, save_png
 from chute.format import manifest as manifest_lib
-from chute.format import records
-from chute.lazy import tf
+from chute.format import parse, records, storage
 
 log = logging.getLogger(__name__)
 _TITLE_HEIGHT = 24  # the title row, drawn when some classes are left out
@@ -25,26 +24,29 @@ _TITLE_HEIGHT = 24  # the title row, drawn when some classes are left out
 
 def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], per_class: int):
     wanted = {label: [] for label in classes}
-    features = records.parse_features(records.IMAGE, records.CLASS, records.SIZE)
     channels = manifest.image.channels
     for path in manifest.shard_paths(split):
-        for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
-            example = tf.io.parse_single_example(raw, features)
-            label = int(example[records.CLASS])
-            if label in wanted and len(wanted[label]) < per_class:
-                data = example[records.IMAGE].numpy()
-                if manifest.image.encoding == "raw":
-                    h, w = example[records.SIZE].numpy()
-                    pixels = np.frombuffer(data, np.uint8).reshape(h, w, channels)
-                    wanted[label].append(
-                        Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels)
-                    )
-                else:
-                    wanted[label].append(Image.open(io.BytesIO(data)).convert("RGB"))
-            # Stops at the first full set: a large split is not read to its end for a picture.
-            if all(len(v) >= per_class for v in wanted.values()):
-                return wanted
+        # read in plain Python (no TensorFlow), so a dataset in any bucket fsspec reaches too
+        with storage.open_file(path, "rb") as handle:
+            for record in parse.read_records(handle):
+                example = parse.record_values(record)
+                label = int(example[records.CLASS])
+                if label in wanted and len(wanted[label]) < per_class:
+                    wanted[label].append(_image(example, channels, manifest.image.encoding))
+                # Stops at the first full set: a large split is not read to its end for a picture.
+                if all(len(v) >= per_class for v in wanted.values()):
+                    return wanted
     return wanted
+
+
+def _image(example: dict, channels: int, encoding: str) -> Image.Image:
+    """One record's image as Pillow's."""
+    data = example[records.IMAGE]
+    if encoding == "raw":
+        h, w = example[records.SIZE].tolist()
+        pixels = np.frombuffer(data, np.uint8).reshape(h, w, channels)
+        return Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels)
+    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 def draw_grid(

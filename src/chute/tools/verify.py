@@ -9,7 +9,9 @@ manifest's sha256 and gives every record's true offset and length. Indexes
 are optional (``chute index`` adds them to a dataset converted without, and
 moves those an older chute wrote beside the shards into ``index/``).
 A damaged shard is named with the record where reading stopped and its byte
-offset.
+offset. Records are checked with tf.data where TensorFlow is installed, else in
+plain Python (:func:`_read_records_python`): the same checks, so a bucket is
+verified on a JAX + Grain machine without TensorFlow.
 """
 
 from __future__ import annotations
@@ -18,21 +20,27 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import mmap
 import os
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import IO
 
+import cv2
 import numpy as np
 
 from chute.errors import ChuteError
 from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
-from chute.format import records, storage
+from chute.format import parse, records, storage
 from chute.format.splits import Shard
-from chute.lazy import tf
+from chute.image import crop
+from chute.lazy import installed, tf
 
 log = logging.getLogger(__name__)
 _READ_BLOCK = 8 << 20
+_LENGTH = struct.Struct("<Q")  # a TFRecord frame's first field
 
 
 @dataclasses.dataclass
@@ -216,6 +224,8 @@ def _hashed_copy(path: str) -> Iterator[tuple[str, str]]:
 
 def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list[int], str | None]:
     """Parses and decodes every record; returns (count, class counts, first problem)."""
+    if not installed("tensorflow"):
+        return _read_records_python(path, manifest)
     spec = manifest.image
     height, width, channels, encoding = (*spec.shape, spec.encoding)
     num_classes = manifest.num_classes
@@ -282,6 +292,77 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
             f"record {number} does not parse or decode: {error.message.splitlines()[0]}",
         )
     return count, class_counts.tolist(), None
+
+
+def _read_records_python(
+    path: str, manifest: manifest_lib.Manifest
+) -> tuple[int, list[int], str | None]:
+    """:func:`_read_records` without TensorFlow: each frame's CRCs, the Example parsed by
+    :mod:`chute.format.parse`, the image decoded by OpenCV (as the Grain engine reads)."""
+    class_counts = np.zeros(manifest.num_classes, np.int64)
+    count, pos = 0, 0
+    with open(path, "rb") as handle, _mapped(handle) as data:
+        while pos < len(data):
+            # a frame cut short or a wrong CRC: the framing scan's message names record and byte
+            if pos + 8 > len(data):
+                return count, [], _damage(path, count)
+            end = pos + _LENGTH.unpack_from(data, pos)[0] + records.FRAME_OVERHEAD
+            try:
+                record = parse.unframe(data[pos:end])
+            except ChuteError:
+                return count, [], _damage(path, count)
+            try:
+                values = parse.record_values(record)
+            except ChuteError as error:
+                return count, [], f"record {count} does not parse or decode: {error}"
+            try:
+                label = _check_record(values, manifest)
+            except ChuteError as error:
+                return count, [], f"record {count} {error}"
+            if not 0 <= label < manifest.num_classes:
+                outside = f"outside 0..{manifest.num_classes - 1}"
+                return count, [], f"record {count} has label {label}, {outside}"
+            class_counts[label] += 1
+            count += 1
+            pos = end
+    return count, class_counts.tolist(), None
+
+
+@contextlib.contextmanager
+def _mapped(handle: IO[bytes]) -> Iterator[bytes | mmap.mmap]:
+    """The file's bytes, mapped rather than read (a shard may be hundreds of MB)."""
+    if os.fstat(handle.fileno()).st_size == 0:  # an empty file cannot be mapped
+        yield b""
+        return
+    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        yield data
+
+
+def _check_record(values: dict, manifest: manifest_lib.Manifest) -> int:
+    """The label of one parsed record, once its image matches the manifest's spec.
+
+    Raises:
+        ChuteError: the record lacks a feature, its image does not decode (the message
+            starts "does not parse or decode"), or the image is off the spec.
+    """
+    spec = manifest.image
+    missing = [name for name in (records.IMAGE, records.CLASS, records.SIZE) if name not in values]
+    if missing:
+        raise ChuteError(f"does not parse or decode: it has no `{missing[0]}` feature")
+    image, size = values[records.IMAGE], values[records.SIZE].tolist()
+    if spec.encoding == "raw":
+        ok = len(image) == size[0] * size[1] * spec.channels
+    else:
+        try:
+            pixels = crop.decode(image, spec.encoding, (0, 0, spec.channels))
+        except (ValueError, cv2.error) as error:
+            raise ChuteError(f"does not parse or decode: {error}") from None
+        ok = list(pixels.shape[:2]) == size
+    if spec.height is not None:
+        ok = ok and size == [spec.height, spec.width]
+    if not ok:
+        raise ChuteError(f"does not match the image spec {spec.describe()}")
+    return int(values[records.CLASS])
 
 
 def _damage(path: str, count: int) -> str:
