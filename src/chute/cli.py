@@ -191,6 +191,7 @@ def _add_evaluate(commands) -> None:
     evaluate.add_argument("data", metavar="DATA")
     evaluate.add_argument("--split", default="val")
     evaluate.add_argument("--out", metavar="DIR", help="write the reports here (default: none)")
+    _add_options(evaluate, LoadOptions, ("cache_dir", "cache_limit"))  # data in a bucket
 
 
 def _add_predict(commands) -> None:
@@ -554,7 +555,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from chute.fit.evaluate import evaluate
 
     _refuse_image_folder(args.data, "DATA", "evaluate")
-    report = evaluate(args.model, args.data, split=args.split, out_dir=args.out)
+    shard_cache = _given(args, LoadOptions)  # --cache-dir, --cache-limit
+    report = evaluate(args.model, args.data, split=args.split, out_dir=args.out, **shard_cache)
     print(
         f"{args.split}: {report.examples} images, loss {report.loss:.4f}, "
         f"accuracy {report.accuracy:.4f}, top-5 {report.top5:.4f}"

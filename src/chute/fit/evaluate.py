@@ -22,7 +22,7 @@ from chute.fit.plots import HEAT_MAP_CLASSES, draw_confusion, thumbnail
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
-from chute.lazy import keras
+from chute.lazy import installed, keras
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,8 @@ def evaluate(
     split: str = "val",
     batch_size: int = 256,
     out_dir: str | os.PathLike | None = None,
+    cache_dir: str | None = None,
+    cache_limit: int | str | None = None,
 ) -> EvalReport:
     """Evaluates a trained model (run directory or bundle) on a converted split.
 
@@ -172,7 +174,8 @@ def evaluate(
     ``data`` the dataset's ``Manifest`` (as ``chute train`` passes them). Every
     example is seen exactly once. With ``out_dir``, writes
     ``evaluation-<split>.json``, ``per-class-<split>.csv`` and
-    ``confusion-<split>.png`` there.
+    ``confusion-<split>.png`` there. ``cache_dir`` and ``cache_limit``: the shard
+    cache of data in a bucket (see :class:`~chute.read.options.LoadOptions`).
 
     Raises:
         ChuteError: the model's classes differ from the data's, or a bad split.
@@ -196,8 +199,11 @@ def evaluate(
         cache=None,
         image_size=loaded.input_size,  # prepared as the model was trained and predicts
         crop_fraction=loaded.crop_fraction,
-        # tf.data cannot open s3:// (TensorFlow has no filesystem for it); Grain reads it
-        engine="tf" if storage.tensorflow_opens(manifest.location) else "grain",
+        # tf.data cannot open s3:// (TensorFlow has no filesystem for it), nor run without
+        # TensorFlow; Grain reads both
+        engine="tf" if _tf_data_reads(manifest.location) else "grain",
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
     )
     tally = Tally(manifest.num_classes)
     # one image per class for the picture of the most confused pairs, as a thumbnail
@@ -221,6 +227,11 @@ def evaluate(
         "%s: loss %.4f, accuracy %.4f, top-5 %.4f", split, result.loss, result.accuracy, result.top5
     )
     return result
+
+
+def _tf_data_reads(location: str) -> bool:
+    """Whether the tf.data engine can read the dataset at ``location`` here."""
+    return installed("tensorflow") and storage.tensorflow_opens(location)
 
 
 def _write_reports(result: EvalReport, out_dir: str, samples: dict) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
+from chute.lazy import TENSORFLOW_BUILDS, installed
+from chute.read import cache as shard_cache
 from chute.read import share
 from chute.read.engine import Engine, LoadInfo, info_of
 from chute.read.options import LoadOptions, resolve
@@ -96,11 +98,21 @@ def load(
 
 def _check_engine_reaches(location: str, options: LoadOptions) -> None:
     """tf.data opens shards through TensorFlow's filesystems, which have no ``s3://``: say
-    so before any work, and name the engine that reads through chute's storage layer."""
+    so before any work (unless a shard cache makes them local copies first), and name
+    the engine that reads through chute's storage layer."""
+    if options.engine == "tf" and not installed("tensorflow"):
+        raise ChuteError(
+            "The tf.data engine (engine='tf', the default) needs TensorFlow, not installed "
+            "here. Pass engine='grain' (--engine grain), which needs none, or install it: "
+            f"{TENSORFLOW_BUILDS}"
+        )
     if options.engine == "tf" and not storage.tensorflow_opens(location):
+        if shard_cache.applies(location, options):
+            return
         raise ChuteError(
             f"The tf.data engine (engine='tf', the default) cannot read {location!r}: "
             "TensorFlow has no filesystem for it. Pass engine='grain' (--engine grain), "
+            "or cache_dir=FOLDER (--cache-dir) to read local copies of its shards, "
             "or copy the dataset to a local folder"
         )
 

@@ -37,6 +37,14 @@ DTYPES = ("uint8", "float32", "bfloat16")
 DEFAULT_CROP_SCALE = (0.08, 1.0)  # Inception-style random-resized crop: share of the area
 DEFAULT_CROP_RATIO = (3 / 4, 4 / 3)  # and aspect ratio (width / height) of the window
 CACHE_ALLOWED = "'auto', 'memory', 'disk:FOLDER' or None"
+CACHE_OFF = "none"  # cache_dir: no shard cache (None: the default, on for remote data)
+SIZE_ALLOWED = "a number of bytes > 0, or a size such as '50GB', '500MB' or '1.5TiB'"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+_UNITS = {"": 1, "b": 1} | {
+    prefix + unit: base**power
+    for power, prefix in enumerate("kmgtp", 1)
+    for unit, base in (("b", 1000), ("ib", 1024))
+}
 ENGINES = ("tf", "grain")
 DISPATCHER_TIMEOUT = 60.0
 """Seconds ``chute.load`` waits for a tf.data service dispatcher to answer by default."""
@@ -87,6 +95,14 @@ class LoadOptions:
         cache: ``"auto"`` (in RAM when the split fits what is left of the
             process's budget), ``"memory"``, ``"disk:FOLDER"`` or ``None``
             (``"none"`` in a TOML file or a flag).
+        cache_dir: the folder of the shard cache, the verified local copy of a
+            remote dataset's shards (:mod:`chute.read.cache`); ``None``: on for the
+            Grain engine on a bucket, in ``$XDG_CACHE_HOME/chute/shards`` (else
+            ``~/.cache/chute/shards``); the tf.data engine uses it only when given
+            (it then reads ``s3://`` too); ``"none"``: off. Local datasets never use it.
+        cache_limit: the most bytes the shard cache holds (``50_000_000_000``,
+            ``"50GB"``, ``"500MB"``, ``"1.5TiB"``); ``None``: 80% of the free disk
+            space there, less 1 GiB.
         seed: makes order and augmentation reproducible; ``None``: new each run.
         shuffle_buffer: records mixed together in training (at most 128 MB of them).
         pad_final_batch: evaluation: a full last batch and a weights element (0 on padding).
@@ -147,6 +163,15 @@ class LoadOptions:
         "auto", "keep what is read: in RAM if it fits the budget, memory, disk:FOLDER or none",
         type=str, metavar="auto|memory|disk:FOLDER|none",
     )  # fmt: skip
+    cache_dir: str | None = option(
+        None, "folder of the local copy of a remote dataset's shards (default: on for a "
+        "bucket with engine grain, ~/.cache/chute/shards; none: off)", type=str,
+        metavar="FOLDER|none",
+    )  # fmt: skip
+    cache_limit: int | None = option(
+        None, "most bytes that shard cache holds: 50GB, 500MB, 1.5TiB (default: from the "
+        "free disk space)", type=str, metavar="SIZE",
+    )  # fmt: skip
     seed: int | None = option(None, "makes order and augmentation reproducible", type=int)
     shuffle_buffer: int = option(8192, "records mixed together in training (<= 128 MB)")
     pad_final_batch: bool = option(False, "evaluation: pad the last batch, yield weights")
@@ -171,6 +196,10 @@ class LoadOptions:
     workers: int | None = option(
         None, "grain engine: decoding processes (default: one per core; 0: none)", type=int
     )
+    shard_window: int | None = option(
+        None, "grain engine: shuffle shards this many at a time (default: a global shuffle, "
+        "or a window sized by cache_limit when the split does not fit it)", type=int,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         checks.positive_int("batch_size", self.batch_size, "a positive integer (per replica)")
@@ -196,6 +225,8 @@ class LoadOptions:
             if fraction == 0:
                 raise checks.bad_value("crop_fraction", self.crop_fraction, "a number in (0, 1]")
         object.__setattr__(self, "cache", _cache(self.cache))
+        if self.shard_window is not None:
+            checks.positive_int("shard_window", self.shard_window, "a positive integer or None")
         if self.seed is not None and not checks.is_int(self.seed):
             raise checks.bad_value("seed", self.seed, "an integer or None")
         checks.positive_int("shuffle_buffer", self.shuffle_buffer)
@@ -216,6 +247,9 @@ class LoadOptions:
         )
         object.__setattr__(self, "data_service_timeout", timeout)
         checks.one_of("engine", self.engine, ENGINES)
+        if self.cache_dir is not None and not (isinstance(self.cache_dir, str) and self.cache_dir):
+            raise checks.bad_value("cache_dir", self.cache_dir, "a folder, 'none' or None")
+        object.__setattr__(self, "cache_limit", parse_size("cache_limit", self.cache_limit))
         object.__setattr__(self, "sampling", _sampling(self.sampling))
         if self.sampling is not None and self.training is False:
             raise ChuteError(
@@ -279,6 +313,26 @@ def _cache(value: Any) -> str | None:
     if isinstance(value, str) and value.startswith("disk:") and len(value) > 5:
         return value
     raise checks.bad_value("cache", value, CACHE_ALLOWED)
+
+
+def parse_size(name: str, value: Any) -> int | None:
+    """A byte count from an integer or a size with a unit (``kB``, ``MB``, ``GB``, ``TB``:
+    powers of 1000; ``KiB``, ``MiB``, ``GiB``, ``TiB``: of 1024; any case); None stays None.
+
+    Example:
+        >>> parse_size("cache_limit", "1.5GiB"), parse_size("cache_limit", "500mb")
+        (1610612736, 500000000)
+    """
+    if value is None:
+        return None
+    if checks.is_int(value) and value > 0:
+        return int(value)
+    found = _SIZE.match(value) if isinstance(value, str) else None
+    unit = found and _UNITS.get(found[2].lower())
+    size = int(float(found[1]) * unit) if unit else 0
+    if size <= 0:
+        raise checks.bad_value(name, value, SIZE_ALLOWED)
+    return size
 
 
 def _sampling(value: Any) -> str | tuple[tuple[str | int, float], ...] | None:

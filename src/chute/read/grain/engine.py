@@ -7,6 +7,7 @@ from typing import Any
 
 from chute.errors import ChuteError
 from chute.format.manifest import Manifest
+from chute.read import cache as shard_cache
 from chute.read.augment import DeviceAugmentation
 from chute.read.engine import LoadInfo, make_info
 from chute.read.grain.dataset import make_dataset
@@ -47,7 +48,9 @@ class GrainEngine:
         self, plan: GrainPlan, manifest: Manifest, options: LoadOptions
     ) -> tuple[Any, LoadInfo]:
         """The Grain dataset of ``plan`` and its LoadInfo."""
-        dataset = make_dataset(plan, GrainSource(manifest, plan.split), manifest)
+        # A bucket's shards are read from verified local copies (None: local, or cache_dir="none")
+        cache = shard_cache.for_load(manifest.location, options)
+        dataset = make_dataset(plan, GrainSource(manifest, plan.split, cache), manifest)
         info = make_info(
             manifest,
             options,

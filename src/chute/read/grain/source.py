@@ -15,6 +15,14 @@ in. The source pickles without its open files (each process, and each
 process made by ``fork``, opens its own on first use), so Grain can send it
 to worker processes.
 
+With a shard cache (:class:`~chute.read.cache.ShardCache`, on by default for a
+dataset in a bucket) the record indexes and the shards are read from verified
+local copies instead, still one ``os.pread`` a record: the cache downloads whole
+shards ahead, in the order :meth:`GrainSource.upcoming` gives (the Grain dataset
+says it at each epoch; a source nobody tells fetches them in manifest order once
+first read). Each process keeps the copies it reads open (which keeps them in
+the cache), at most half the cache's limit of them when the split does not fit.
+
 Example:
     >>> import grain  # doctest: +SKIP
     >>> source = grain_source("./kn-shards", "train")  # doctest: +SKIP
@@ -26,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import operator
 import os
@@ -40,8 +49,10 @@ from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
 from chute.format import parse, records, storage
 from chute.format.splits import Shard
+from chute.read.cache import ShardCache
 
 log = logging.getLogger(__name__)
+_PREAD = hasattr(os, "pread")  # not on Windows
 _REMOTE_THREADS = 16  # record indexes on a bucket are read in parallel
 
 
@@ -85,20 +96,28 @@ class GrainSource:
         'zha/0261.png'
     """
 
-    def __init__(self, manifest: manifest_lib.Manifest, split: str):
+    def __init__(
+        self, manifest: manifest_lib.Manifest, split: str, cache: ShardCache | None = None
+    ):
         manifest.check_split(split)
-        self.location, self.split = manifest.location, split
-        shards = manifest.split(split).shards
+        self.location, self.split, self.cache = manifest.location, split, cache
+        shards = self._shards = manifest.split(split).shards
         self._paths = [storage.join(manifest.location, shard.name) for shard in shards]
         # pread where it exists (not on Windows): no shared file position, so no lock per read.
-        self._local = [storage.is_local(path) and hasattr(os, "pread") for path in self._paths]
+        self._local = [storage.is_local(path) and _PREAD for path in self._paths]
         for path, local in zip(self._paths, self._local, strict=True):
             if local and not os.path.exists(storage.local_path(path)):  # before any read
                 raise _missing(self.location, self.split, path)
+        self._planned = False  # upcoming() was called: no prefetch in manifest order
+        # Copies kept open, at most this many bytes of them: all when the split fits.
+        self._room = sum(s.bytes for s in shards)
+        if cache is not None:
+            cache.check_fits(self.location, shards)
+            self._room = min(self._room, max(cache.limit // 2, max(s.bytes for s in shards)))
         self._starts = [0]  # record number of each shard's first record, then the total
         # Plain arrays, not lists: eight bytes a record, and they pickle compactly to each worker.
         self._offsets, self._lengths = array("Q"), array("Q")
-        for index in _indexes(manifest.location, shards):
+        for index in _indexes(manifest.location, shards, cache):
             self._starts.append(self._starts[-1] + len(index))
             self._offsets.extend(index.offsets.tolist())
             self._lengths.extend(index.lengths.tolist())
@@ -110,9 +129,25 @@ class GrainSource:
         self._fds: dict[int, int] = {}
         self._fds_lock = threading.Lock()
         self._threads = threading.local()  # remote handles, one per thread and shard
+        # shard -> [fd of its cached copy, reads under way], least recently opened first
+        self._held: collections.OrderedDict[int, list[int]] = collections.OrderedDict()
+        self._prefetching = False
 
     def __len__(self) -> int:
         return self._starts[-1]
+
+    @property
+    def shard_starts(self) -> tuple[int, ...]:
+        """The record number of each shard's first record, in manifest order."""
+        return tuple(self._starts[:-1])
+
+    def upcoming(self, shards: Sequence[int]) -> None:
+        """Tells the shard cache which shards (numbers, in manifest order) will be read
+        next, in this order, to download ahead (replacing what it was told before);
+        nothing without a cache."""
+        self._planned = True
+        if self.cache is not None:
+            self.cache.prefetch(self.location, [self._shards[shard] for shard in shards])
 
     def __getitem__(self, record: SupportsIndex) -> dict[str, Any]:
         """Record ``record``'s features (a negative number counts from the end).
@@ -143,11 +178,13 @@ class GrainSource:
 
     def _read(self, shard: int, offset: int, size: int) -> bytes:
         if os.getpid() != self._pid:  # a forked process: files of its own, not its parent's
-            for fd in self._fds.values():
+            for fd in [*self._fds.values(), *(held[0] for held in self._held.values())]:
                 os.close(fd)  # this process's copy; the parent's stays open
             self._open()
         try:
-            if self._local[shard]:
+            if self.cache is not None and _PREAD:
+                data = self._read_cached(shard, offset, size)
+            elif self._local[shard]:
                 data = os.pread(self._fd(shard), size, offset)
             else:
                 handle = self._handle(shard)
@@ -162,6 +199,44 @@ class GrainSource:
                 f"short. Check the dataset with `chute verify {self.location}`"
             )
         return data
+
+    def _read_cached(self, shard: int, offset: int, size: int) -> bytes:
+        with self._fds_lock:
+            held = self._held.get(shard)
+            if held is not None:
+                held[1] += 1
+                self._held.move_to_end(shard)
+        if held is None:
+            held = self._hold(shard)
+        try:
+            return os.pread(held[0], size, offset)
+        finally:
+            with self._fds_lock:  # an fd with no read under way may be closed
+                held[1] -= 1
+
+    def _hold(self, shard: int) -> list[int]:
+        """Opens the cached copy of ``shard`` (downloading it if needed) for one read."""
+        if not (self._planned or self._prefetching):  # nobody said the order: manifest order
+            self._prefetching = True
+            self.cache.prefetch(self.location, self._shards)
+        # Outside the lock: a download takes a while, and reads of other shards go on.
+        fd = self.cache.open(self.location, self._shards[shard])
+        with self._fds_lock:
+            held = self._held.get(shard)
+            if held is not None:  # another thread opened it meanwhile
+                os.close(fd)
+            else:
+                held = self._held[shard] = [fd, 0]
+            held[1] += 1
+            # Closed, so that the cache may evict them: copies read longest ago, not in use.
+            sizes = {number: self._shards[number].bytes for number in self._held}
+            for number, (old, users) in list(self._held.items()):
+                if sum(sizes.values()) <= self._room:
+                    break
+                if users == 0 and number != shard:
+                    os.close(old)
+                    del self._held[number], sizes[number]
+        return held
 
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
@@ -180,28 +255,36 @@ class GrainSource:
             handles = self._threads.handles = {}
         if shard not in handles:
             # One handle per thread: a seek then a read on a shared handle would race.
-            handles[shard] = storage.open_file(self._paths[shard], "rb")
+            path = self._paths[shard]
+            if self.cache is not None:  # (no pread here: Windows)
+                path = self.cache.local(self.location, self._shards[shard])
+            handles[shard] = storage.open_file(path, "rb")
         return handles[shard]
 
     def close(self) -> None:
         """Closes this process's local files (reads open them again when needed)."""
         with self._fds_lock:
-            for fd in self._fds.values():
+            unused = [fd for fd, users in self._held.values() if not users]
+            for fd in [*self._fds.values(), *unused]:
                 os.close(fd)
             self._fds.clear()
+            self._held = collections.OrderedDict(
+                (shard, held) for shard, held in self._held.items() if held[1]
+            )
 
     def __del__(self, _getpid=os.getpid, _close=os.close) -> None:
         # (os's functions bound now: at interpreter exit the module may be gone)
         # Only the process that opened them closes them; a forked child's copies are its own.
         if getattr(self, "_pid", None) == _getpid():
-            for fd in self._fds.values():
+            for fd in [*self._fds.values(), *(held[0] for held in self._held.values())]:
                 _close(fd)
             self._fds.clear()
+            self._held.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         # Open files, a lock and thread-locals do not pickle; the receiving process opens its own.
-        for name in ("_pid", "_fds", "_fds_lock", "_threads"):
+        for name in ("_pid", "_fds", "_fds_lock", "_threads", "_held", "_prefetching"):
             del state[name]
         return state
 
@@ -221,8 +304,11 @@ def _missing(location: str, split: str, path: str) -> ChuteError:
     )
 
 
-def _indexes(location: str, shards: Sequence[Shard]) -> list[record_index.RecordIndex]:
-    """Each shard's record index, checked against the manifest (in parallel on a bucket)."""
+def _indexes(
+    location: str, shards: Sequence[Shard], cache: ShardCache | None
+) -> list[record_index.RecordIndex]:
+    """Each shard's record index, checked against the manifest (in parallel on a bucket;
+    through the shard cache when there is one)."""
     unindexed = next((shard for shard in shards if shard.index is None), None)
     if unindexed is not None:  # one clear error, naming `chute index`, before any read
         record_index.load(location, unindexed)
@@ -238,4 +324,21 @@ def _indexes(location: str, shards: Sequence[Shard]) -> list[record_index.Record
     # Local reads are fast already; a bucket's latency is what threads hide.
     threads = 1 if storage.is_local(location) else _REMOTE_THREADS
     with ThreadPoolExecutor(max(1, min(threads, len(shards)))) as pool:
+        if cache is not None:
+            return list(pool.map(lambda shard: _cached_index(cache, location, shard), shards))
         return list(pool.map(lambda shard: record_index.load(location, shard), shards))
+
+
+def _cached_index(cache: ShardCache, location: str, shard: Shard) -> record_index.RecordIndex:
+    """A shard's record index read from the cache (which checked its sha256), checked
+    against the manifest's record count and shard size."""
+    with open(cache.local_index(location, shard), "rb") as handle:
+        data = handle.read()
+    where = f"the record index of {shard.name} in {location!r}"
+    index = record_index.RecordIndex.from_bytes(data, where)
+    if len(index) != shard.records or index.shard_bytes != shard.bytes:
+        raise ChuteError(
+            f"{where} describes {len(index)} records in {index.shard_bytes} bytes, the "
+            f"manifest {shard.records} in {shard.bytes}"
+        )
+    return index

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import weakref
 from typing import Any
@@ -17,7 +18,9 @@ from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.lazy import tf
 from chute.machine import memory_limit
+from chute.read import cache as shard_cache
 from chute.read.augment import DeviceAugmentation
+from chute.read.cache import shown_size
 from chute.read.engine import COUNTED, LoadInfo, make_info
 from chute.read.options import LoadOptions
 from chute.read.share import Share
@@ -106,10 +109,13 @@ class TfEngine:
         """The pipeline of ``plan`` and its LoadInfo; the cache reservation goes back with
         the dataset (or at once, when building fails)."""
         try:
+            plan, held = _through_shard_cache(plan, manifest, options)
             dataset, device, counters = _dataset(plan, options)
         except BaseException:
             CACHE_BUDGET.release(plan.cache_bytes)
             raise
+        if held:  # the local copies stay in the shard cache while the dataset lives
+            weakref.finalize(dataset, _close_all, held)
         if plan.cache_bytes:  # the budget it took comes back with the dataset
             weakref.finalize(dataset, CACHE_BUDGET.release, plan.cache_bytes)
         info = make_info(
@@ -124,6 +130,47 @@ class TfEngine:
             counters=(counters,) if counters else (),
         )
         return dataset, info
+
+
+def _through_shard_cache(
+    plan: ReadPlan, manifest: manifest_lib.Manifest, options: LoadOptions
+) -> tuple[ReadPlan, list[int]]:
+    """``plan`` reading verified local copies of its shards, downloaded now (in parallel)
+    into the shard cache, and the descriptors that hold them there; ``plan`` itself
+    when no shard cache applies (see :func:`chute.read.cache.applies`)."""
+    cache = shard_cache.for_load(manifest.location, options)
+    if cache is None:
+        return plan, []
+    by_path = {
+        storage.join(manifest.location, shard.name): shard
+        for split in manifest.splits.values()
+        for shard in split.shards
+    }
+    shards = [by_path[path] for path in plan.files]
+    total = sum(shard.bytes for shard in shards)
+    # tf.data reads each shard from its start every epoch: all of them stay in the cache.
+    if total > cache.limit:
+        raise ChuteError(
+            f"The tf.data engine reads every shard it needs from the shard cache: "
+            f"{len(shards)} shards of {manifest.location!r}, {shown_size(total)}, do not fit "
+            f"in cache_limit={cache.limit} ({shown_size(cache.limit)}). Pass engine='grain' "
+            "(--engine grain), which holds a window of shards at a time, or a larger "
+            "cache_limit (--cache-limit)"
+        )
+    log.info(
+        "shard cache: %d shard(s) of %s (%s) into %s",
+        len(shards),
+        manifest.location,
+        shown_size(total),
+        cache.directory,
+    )
+    held = cache.open_all(manifest.location, shards)
+    return dataclasses.replace(plan, files=tuple(cache.path(shard) for shard in shards)), held
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _dataset(plan: ReadPlan, options: LoadOptions):
