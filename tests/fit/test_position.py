@@ -91,7 +91,7 @@ def test_one_object_says_whether_a_fit_ended_a_resumed_epoch_and_where_the_next_
 def test_the_callback_backs_up_every_n_steps_but_not_on_an_epochs_last_batch():
     saved = []
     resume = _resume(Record(1, 10, "w"))
-    callback = resume.callback(lambda model, epoch: saved.append(epoch), every=1)
+    callback = resume.callback(lambda model, epoch, samples: saved.append(epoch), every=1)
     callback.set_model(types.SimpleNamespace())
     resume.call(1)  # the resumed epoch's 2 remaining batches
     callback.on_train_begin()

@@ -52,19 +52,36 @@ class Record:
         step: the optimizer steps the backup holds (the Grain engine's input position).
         weights: the weights file's name in the backup folder.
         seeds: the random layers' seed states (variable path -> values).
+        samples: the examples of the epoch in progress already trained (None: not
+            recorded, a backup of an older chute: ``step`` says where it is).
+        global_batch: the examples of a training step when it was written.
+        layout: ``(processes, replicas)`` of the run that wrote it.
     """
 
     epoch: int
     step: int
     weights: str
     seeds: dict[str, Any] = dataclasses.field(default_factory=dict)
+    samples: int | None = None
+    global_batch: int | None = None
+    layout: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> Record:
-        return cls(int(value["epoch"]), int(value["step"]), str(value["weights"]), value["seeds"])
+        layout = value.get("layout")
+        return cls(
+            int(value["epoch"]),
+            int(value["step"]),
+            str(value["weights"]),
+            value["seeds"],
+            # an older chute's backup records none of these
+            samples=value.get("samples"),
+            global_batch=value.get("global_batch"),
+            layout=tuple(layout) if layout else None,
+        )
 
 
 class Backup:
@@ -76,8 +93,18 @@ class Backup:
     def _path(self, name: str) -> str:
         return storage.join(self.folder, name)
 
-    def save(self, model: Any, epoch: int) -> Record:
-        """Backs ``model`` up (weights, optimizer, seed states) as being in ``epoch``.
+    def save(
+        self,
+        model: Any,
+        epoch: int,
+        *,
+        samples: int | None = None,
+        global_batch: int | None = None,
+        layout: tuple[int, int] | None = None,
+    ) -> Record:
+        """Backs ``model`` up (weights, optimizer, seed states) as being in ``epoch``,
+        ``samples`` examples into it, trained ``global_batch`` at a time by ``layout``
+        (processes, replicas): where a run on other hardware goes on from.
 
         The weights go to a new file, renamed into place once whole; then
         ``state.json`` names it (and the backup before it, kept as the fallback); then
@@ -91,7 +118,7 @@ class Backup:
         # overwrite: a partial file left by a kill during an earlier write of this step.
         model.save_weights(partial, overwrite=True)
         storage.rename(partial, self._path(name))
-        record = Record(epoch, step, name, _seed_states(model))
+        record = Record(epoch, step, name, _seed_states(model), samples, global_batch, layout)
         current = self._state().get("current")
         # A second save at the same step (an epoch's end after a step backup) must not name itself.
         previous = current if current and current["weights"] != name else None

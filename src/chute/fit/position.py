@@ -71,14 +71,18 @@ class ResumePoint:
         epoch: the phase's epoch in progress: ``fit``'s ``initial_epoch``.
         batch: the batches of it already trained (0: from its start; always 0 on
             the tf.data engine, which reads an interrupted epoch again).
-        samples: the examples they held (``batch`` × the global batch).
+        samples: the examples of it already trained (``offset`` + ``batch`` × the
+            global batch).
         seeds: the random layers' seed states the backup holds.
+        offset: examples trained before batch 0 by a run of another global batch size
+            (:class:`~chute.read.stream.StreamPosition`); 0 when it is the same.
     """
 
     epoch: int = 0
     batch: int = 0
     samples: int = 0
     seeds: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    offset: int = 0
 
     @classmethod
     def of(
@@ -97,10 +101,12 @@ class ResumePoint:
 
         Example:
             >>> ResumePoint.of(Record(1, 10, "w.h5"), steps=6, global_batch=8)
-            ResumePoint(epoch=1, batch=4, samples=32, seeds={})
+            ResumePoint(epoch=1, batch=4, samples=32, seeds={}, offset=0)
         """
         if record is None:
             return cls()
+        if record.samples is not None and record.global_batch:
+            return cls._of_samples(record, steps=steps, global_batch=global_batch, engine=engine)
         step = record.step
         # Keras's own BackupAndRestore files record no step: the weights file's optimizer knows it.
         if step == -1 and stored_step is not None:
@@ -126,6 +132,40 @@ class ResumePoint:
         )  # fmt: skip
         return cls(record.epoch, done, done * global_batch, record.seeds)
 
+    @classmethod
+    def _of_samples(
+        cls, record: Record, *, steps: int, global_batch: int, engine: str
+    ) -> ResumePoint:
+        """The point of a backup that records the examples trained in its epoch: the
+        same batches on the same global batch size, else the same example (elastic)."""
+        samples, epoch = record.samples or 0, record.epoch
+        # Whole batches of the new size left in the epoch (the order is cut to those).
+        batch, offset = divmod(samples, global_batch)
+        left = steps - bool(offset) - batch
+        if samples <= 0 or left <= 0:  # the epoch's start, or nothing of it left
+            return cls(epoch + (samples > 0), seeds=record.seeds)
+        if engine != "grain":
+            log.info(
+                "resuming epoch %d, backed up after %d of its examples: the tf.data engine "
+                "reads the epoch again from its first batch (engine='grain' goes on from there)",
+                epoch + 1, samples,
+            )  # fmt: skip
+            return cls(epoch, seeds=record.seeds)
+        if record.global_batch != global_batch:
+            log.info(
+                "resuming epoch %d at example %d of %d: backed up with a global batch of %d, "
+                "now %d; the input goes on at that example of the same order (%d batch(es) "
+                "left in the epoch)",
+                epoch + 1, samples + 1, steps * global_batch, record.global_batch,
+                global_batch, left,
+            )  # fmt: skip
+        else:
+            log.info(
+                "resuming epoch %d at batch %d of %d: the input goes on from there",
+                epoch + 1, batch + 1, steps,
+            )  # fmt: skip
+        return cls(epoch, batch, samples, record.seeds, offset)
+
     def fit_call(
         self, initial_epoch: int, *, epochs: int, steps: int | None, first_epoch: int = 0
     ) -> FitCall:
@@ -136,7 +176,7 @@ class ResumePoint:
         Example:
             >>> call = ResumePoint(epoch=1, batch=4).fit_call(1, epochs=3, steps=6, first_epoch=2)
             >>> call.epochs, call.steps, call.start, call.cut
-            (3, 2, StreamPosition(epoch=3, batch=4), True)
+            (3, 2, StreamPosition(epoch=3, batch=4, offset=0), True)
         """
         start = StreamPosition(first_epoch + initial_epoch)
         # Only the resumed epoch is cut; every later call trains whole epochs.
@@ -146,8 +186,9 @@ class ResumePoint:
         # from 0, and the next call starts the next epoch's at its first batch. `epochs`
         # stays the phase's, so the progress bar says "Epoch k/N" (it prints no header at
         # all when told epochs=1); the callback stops the fit at this epoch's end.
-        remaining = (steps or 0) - self.batch
-        start = dataclasses.replace(start, batch=self.batch)
+        # (an epoch started `offset` examples in holds one whole batch less)
+        remaining = (steps or 0) - bool(self.offset) - self.batch
+        start = dataclasses.replace(start, batch=self.batch, offset=self.offset)
         return FitCall(initial_epoch, epochs, remaining, start, cut=True)
 
 
@@ -170,8 +211,10 @@ class Resume:
         first_epoch: int = 0,
         engine: str = "grain",
         repeated: bool = True,
+        layout: tuple[int, int] | None = None,
     ):
         self.store, self.steps, self.epochs = store, steps, epochs
+        self.global_batch, self.layout = global_batch, layout
         self.first_epoch, self.repeated = first_epoch, repeated
         # every process reads the record (on several JAX processes, the chief's copy)
         self.record = store.latest()
@@ -185,6 +228,14 @@ class Resume:
             engine=engine,
             stored_step=store.stored_step(self.record) if legacy else None,
         )
+        before = self.record.layout if self.record is not None else None
+        if before and layout and tuple(before) != tuple(layout):
+            # The Grain engine's order is global: any number of pipelines reads the same one.
+            log.info(
+                "resuming a run backed up on %d process(es) x %d replica(s) on %d x %d: "
+                "the same global order of examples goes on",
+                *before, *layout,
+            )  # fmt: skip
         # After a cut fit, the next one starts with the epoch after the resumed one.
         self.next_epoch = self.point.epoch + 1
         self.current: FitCall | None = None  # the fit in progress, or the last one
@@ -205,12 +256,19 @@ class Resume:
         )
         return self.current
 
+    def samples(self, batches: int) -> int:
+        """The examples of the epoch in progress trained once the current ``fit`` has
+        trained ``batches`` of it (a resumed epoch's began with the ones before)."""
+        start = self.current.start if self.current is not None else StreamPosition(0)
+        return start.offset + (start.batch + batches) * self.global_batch
+
     def callback(
-        self, save: Callable[[Any, int], Any] | None = None, every: int | None = None
+        self, save: Callable[[Any, int, int], Any] | None = None, every: int | None = None
     ) -> Any:
         """The Keras callback restoring the backup, once, when the first ``fit`` begins
         (its model is built then; every process restores: on several JAX processes a
-        collective, the same values), and writing backups with ``save(model, epoch)``
+        collective, the same values), and writing backups with ``save(model, epoch,
+        samples)`` (``samples``: the examples of the epoch trained)
         (None: this process writes none, e.g. a JAX process other than the chief) every
         ``every`` steps and at each epoch's end."""
         # A cached factory: Keras is imported lazily, so the class is made on first use.
@@ -247,12 +305,12 @@ def _callback() -> type:
             self._since, previous = batch + 1, self._since
             every = self.every
             if self.save and every and not last and self._since // every > previous // every:
-                self.save(self.model, self._epoch)
+                self.save(self.model, self._epoch, self.resume.samples(self._since))
 
         def on_epoch_end(self, epoch, logs=None):
             if self.save is not None:
                 # epoch + 1: the epoch in progress once this one is over, where a restart begins.
-                self.save(self.model, epoch + 1)
+                self.save(self.model, epoch + 1, 0)
             if self.resume.cut:  # the rest of a resumed epoch: the next fit goes on
                 self.model.stop_training = True
 

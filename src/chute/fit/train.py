@@ -41,7 +41,7 @@ from chute.fit.objective import make_loss, make_metrics, make_optimizer, warn_if
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import load_model, save_bundle
-from chute.lazy import keras
+from chute.lazy import TENSORFLOW_BUILDS, installed, keras
 from chute.read.augment import FUSED, DeviceAugmentation
 from chute.read.load import info_of, load
 
@@ -133,6 +133,7 @@ def train(
     config = config or TrainConfig.from_dict(options)
     # the backend first: Keras is imported on it (the config records the one used)
     config = dataclasses.replace(config, backend=backend_lib.resolve(config.backend))
+    config = _engine_without_tensorflow(config)
     models.check_model(config.model, config.weights)  # before anything heavy
     manifest = _training_data(data)
     processes = processes_lib.join(config)  # JAX on several hosts: one process each
@@ -162,15 +163,16 @@ def train(
     if inputs.val is not None:
         from chute.fit.evaluate import evaluate
 
-        evaluate(bundle, manifest, split="val", out_dir=run.path)
+        shard_cache = {"cache_dir": config.load.cache_dir, "cache_limit": config.load.cache_limit}
+        evaluate(bundle, manifest, split="val", out_dir=run.path, **shard_cache)
     return result
 
 
 def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[str, Any]:
     """What a run's backup depends on: the model's layers and shapes, the classes, its
     training phases, the optimizer's variables (optimizer, precision: a loss-scale
-    optimizer), the augmentation layers in the train step, and the step count that the
-    input position and the schedule follow (the batch size). An interrupted run resumes
+    optimizer), the augmentation layers in the train step, and on the tf.data engine the
+    step count that the schedule follows (the batch size). An interrupted run resumes
     only with the same."""
     stored = [manifest.image.height, manifest.image.width]
     return {
@@ -186,7 +188,9 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
         "precision": config.precision,
         "augment": list(config.augment),
         "augment_on": config.augment_on,
-        "batch_size": config.batch_size,
+        # The Grain engine's position is global (examples of one order): a run resumes on
+        # another batch size or device count. tf.data's schedule follows its steps.
+        **({"batch_size": config.batch_size} if config.load.engine != "grain" else {}),
     }
 
 
@@ -217,8 +221,10 @@ def _devices(config: TrainConfig) -> Devices:
             f"Received: augment_on={config.augment_on!r}, data_service={config.data_service!r}, "
             "backend='torch'; pass augment_on='host' (or 'auto'), without data_service"
         )
-    # Before TensorFlow runs anything: later, it already holds the accelerators JAX or torch needs.
-    backend_lib.keep_tensorflow_off_accelerators()
+    # Before TensorFlow runs anything: later, it already holds the accelerators JAX or torch
+    # needs. Without TensorFlow there is nothing to keep off them.
+    if installed("tensorflow"):
+        backend_lib.keep_tensorflow_off_accelerators()
     return backend_lib.devices(config.backend, config.strategy, tpu=config.tpu)
 
 
@@ -330,6 +336,20 @@ def _phases(config: TrainConfig, run) -> list[_Phase]:
     return phases
 
 
+def _engine_without_tensorflow(config: TrainConfig) -> TrainConfig:
+    """``config``, reading with the Grain engine where TensorFlow (which tf.data, the
+    default engine, needs) is not installed; said in one line."""
+    if config.load.engine != "tf" or installed("tensorflow"):
+        return config
+    if not installed("grain"):
+        raise ChuteError(
+            "chute train reads with tf.data (TensorFlow) or Grain, and neither is installed "
+            f"here: pip install 'chute[grain]' (no TensorFlow), or {TENSORFLOW_BUILDS}"
+        )
+    log.info("TensorFlow is not installed: the Grain engine reads the data (--engine grain)")
+    return dataclasses.replace(config, load=dataclasses.replace(config.load, engine="grain"))
+
+
 def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run, verbose):
     """Trains phase after phase; returns the history and the seconds of each epoch.
 
@@ -337,6 +357,8 @@ def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run,
     resumed run goes on from the phase it stopped in.
     """
     storage.makedirs(run.join("checkpoints"))
+    if not installed("tensorflow"):  # Keras's TensorBoard callback writes through tf.summary
+        log.info("No TensorBoard logs: they need TensorFlow (%s)", TENSORFLOW_BUILDS)
     class_weight = None
     if config.class_weights == "balanced":
         # At least 1: a class without examples would otherwise divide by zero.
@@ -413,18 +435,19 @@ def _fit(
         first_epoch=phase.first_epoch,
         engine=inputs.engine,
         repeated=inputs.repeated,
+        layout=(devices.processes, devices.replicas),
     )
     callbacks = [
         *([_padded_val_loss(inputs.val_padded)] if inputs.val_padded != 1 else []),
         # first: the others see saved epochs (and the restored model); every process
         # restores, only the chief writes backups, alone
-        resume.callback(_saver(resume.store, devices), config.backup_every),
+        resume.callback(_saver(resume, devices), config.backup_every),
         *processes_lib.chief_only(
             devices,
             [
                 *trainable.checkpoints(model, run, inputs.monitor),
                 keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
-                keras.callbacks.TensorBoard(run.logs),
+                *([keras.callbacks.TensorBoard(run.logs)] if installed("tensorflow") else []),
             ],
         ),
         kept,
@@ -489,15 +512,18 @@ def _fit_until_done(fit: Any, where: Any, kept: Any, *, first: int) -> None:
         epoch = where.next_epoch
 
 
-def _saver(store: backup_lib.Backup, devices: Devices) -> Any:
-    """``store.save`` as this process runs it: the chief's alone (not a collective on
-    several JAX processes), none on the other processes."""
+def _saver(resume: position.Resume, devices: Devices) -> Any:
+    """The backup's ``save`` as this process runs it: the chief's alone (not a
+    collective on several JAX processes), none on the other processes."""
     if not devices.chief:
         return None
 
-    def save(model: Any, epoch: int) -> None:
+    def save(model: Any, epoch: int, samples: int) -> None:
         with processes_lib.alone(devices):
-            store.save(model, epoch)
+            resume.store.save(
+                model, epoch, samples=samples, global_batch=resume.global_batch,
+                layout=resume.layout,
+            )  # fmt: skip
 
     return save
 

@@ -56,6 +56,7 @@ from chute.errors import ChuteError
 from chute.image import crop
 from chute.machine import available_cores
 from chute.read import sampling as sampling_lib
+from chute.read.grain import order as order_lib
 from chute.read.grain import workers as grain_workers
 from chute.read.grain.plan import GrainPlan
 from chute.read.grain.source import GrainSource
@@ -93,11 +94,28 @@ class Batches:
     """
 
     def __init__(
-        self, source: GrainSource, plan: GrainPlan, *, seed: int, probabilities: np.ndarray | None
+        self,
+        source: GrainSource,
+        plan: GrainPlan,
+        *,
+        seed: int,
+        probabilities: np.ndarray | None,
+        window: int | None = None,
+        shard_records: Sequence[int] = (),
     ):
         self.source, self.plan, self.seed, self.share = source, plan, seed, plan.share
         self.probabilities, self.steps, self.flip = probabilities, plan.steps, plan.flip
-        self.per_epoch = plan.steps * plan.batch_size
+        self.window = window
+        # Records per shard, in manifest order (records are numbered shard after shard).
+        self.shard_records = list(shard_records) or [len(source)]
+        self.shard_starts = np.concatenate([[0], np.cumsum(self.shard_records)]).tolist()
+        # Every pipeline's batch j together: one global batch, read from one global order.
+        self.global_batch = plan.batch_size * plan.share.pipelines
+        self.per_epoch = plan.steps * self.global_batch  # of the order, read by all pipelines
+        # A stream resumed after a run of another global batch size starts its first epoch
+        # at this example (see StreamPosition.offset): (epoch, offset).
+        self.offset: tuple[int, int] = (0, 0)
+        self._block: tuple[int, int] | None = None  # (epoch, block) last prefetched for
         self.records = None
         if not plan.training:  # this pipeline's contiguous run of the split
             start = sum(plan.sizes[: plan.share.index])
@@ -115,27 +133,71 @@ class Batches:
 
     def draw(self, epoch: int) -> np.ndarray:
         """Epoch ``epoch``'s record numbers, for every pipeline (a permutation of the
-        split, or weighted draws with replacement of the same length)."""
+        split or a shard-block shuffle, :mod:`chute.read.grain.order`; or weighted
+        draws with replacement of the same length)."""
         if self._drawn is None or self._drawn[0] != epoch:
             # Keyed by (seed, epoch) alone: every pipeline draws the same order and takes its share.
-            rng = np.random.default_rng([self.seed, epoch])
-            total = self.per_epoch * self.share.pipelines
             if self.probabilities is None:
                 # Cut to every pipeline's whole batches: the rest is not read this epoch.
-                order = rng.permutation(len(self.source))[:total]
+                drawn = order_lib.epoch_order(
+                    self.shard_records, seed=self.seed, epoch=epoch, window=self.window
+                )[: self.per_epoch]
             else:
-                order = rng.choice(len(self.source), size=total, p=self.probabilities)
-            self._drawn = (epoch, order)
+                rng = np.random.default_rng([self.seed, epoch])
+                drawn = rng.choice(len(self.source), size=self.per_epoch, p=self.probabilities)
+            self._drawn = (epoch, drawn)
+            # The whole split fits the cache: every shard is fetched ahead, in order of use.
+            if self.window is None:
+                self._upcoming(self._first_use(drawn))
         return self._drawn[1]
+
+    def _upcoming(self, shards: list[int]) -> None:
+        # The source fetches these shards ahead into its cache (it has none when local).
+        if self.source.cache is not None:
+            self.source.upcoming(shards)
+
+    def _first_use(self, drawn: np.ndarray) -> list[int]:
+        return order_lib.shards_by_first_use(drawn, self.shard_starts)
+
+    def _prefetch_blocks(self, epoch: int, position: int) -> None:
+        """Shard-block order: the block holding ``position`` and the next one (the next
+        epoch's first at the last block) are fetched ahead, once per block and process."""
+        block = position // max(1, self._block_size)
+        if self._block == (epoch, block):
+            return
+        self._block = (epoch, block)
+        shards = self._first_use(self.draw(epoch))
+        ahead = shards[block * self.window : (block + 2) * self.window]
+        if len(ahead) <= self.window:  # the last block: the next epoch's first comes next
+            counts = self.shard_records
+            following = order_lib.epoch_order(
+                counts, seed=self.seed, epoch=epoch + 1, window=self.window
+            )
+            ahead += [s for s in self._first_use(following)[: self.window] if s not in ahead]
+        self._upcoming(ahead)
+
+    @functools.cached_property
+    def _block_size(self) -> int:
+        # Blocks hold records of `window` shards: about this many positions each.
+        return self.window * sum(self.shard_records) // len(self.shard_records)
 
     def records_of(self, number: int) -> np.ndarray:
         """The record numbers of batch ``number`` (evaluation: -1 for padding)."""
         size = self.plan.batch_size
         if self.plan.training:
             epoch, batch = divmod(int(number), self.steps)
-            # This pipeline's contiguous share of the epoch's draw.
-            first = self.share.index * self.per_epoch + batch * size
-            return self.draw(epoch)[first : first + size]
+            # Batch j of every pipeline is global batch j: this pipeline's places in it. The
+            # order and a global batch do not depend on how many pipelines share them, so a
+            # run resumes on another number of hosts or devices (same global batch size).
+            first = batch * self.global_batch + self.share.index * size
+            if epoch == self.offset[0]:
+                first += self.offset[1]
+            if self.window is not None:
+                self._prefetch_blocks(epoch, first)
+            drawn = self.draw(epoch)
+            # A resumed stream's epoch holds fewer whole batches; its fit stops before the
+            # end, but Grain may prefetch a batch past it: any records will do there.
+            return drawn[np.arange(first, first + size) % len(drawn)]
         mine = self.records[number * size : (number + 1) * size]
         if self.plan.pad_final_batch and len(mine) < size:
             mine = np.concatenate([mine, np.full(size - len(mine), -1, mine.dtype)])
@@ -148,7 +210,11 @@ class Batches:
         if plan.training:
             epoch, batch = divmod(int(number), self.steps)
             # One generator per batch: a batch's crops do not depend on which worker made it.
-            rng = np.random.default_rng([self.seed, epoch, self.share.index, batch])
+            key = [self.seed, epoch, self.share.index, batch]
+            # A stream that starts mid-batch (another global batch size) draws other crops.
+            if epoch == self.offset[0] and self.offset[1]:
+                key.append(self.offset[1])
+            rng = np.random.default_rng(key)
         images = np.zeros((len(records), *plan.shape), np.uint8)
         labels = np.zeros(len(records), np.int64)
         weights = (records >= 0).astype(np.float32)
@@ -246,18 +312,58 @@ def make_dataset(plan: GrainPlan, source: GrainSource, manifest):
             sampling_lib.describe(manifest.class_names, classes, counts, draws),
         )
         probabilities = _record_probabilities(classes, source)
-    batches = Batches(source, plan, seed=seed, probabilities=probabilities)
+    shards = manifest.split(split).shards
+    window = _window(plan, source, shards)
+    batches = Batches(
+        source, plan, seed=seed, probabilities=probabilities, window=window,
+        shard_records=[shard.records for shard in shards],
+    )  # fmt: skip
     workers = grain_workers.default_workers() if plan.workers is None else plan.workers
+    if not plan.training:
+        reads = "every example once, in order"
+    elif window is None:
+        reads = "a new global shuffle each epoch"
+    else:
+        reads = f"a shard-block shuffle each epoch ({window} of {len(shards)} shards at a time)"
     log.info(
         "grain engine: input pipeline %d of %d, %s, %d batches of %d per epoch, %d worker(s)",
         share.index,
         share.pipelines,
-        "a new global shuffle each epoch" if plan.training else "every example once, in order",
+        reads,
         plan.steps,
         plan.batch_size,
         workers,
     )
     return _dataset_class()(batches, workers)
+
+
+def _window(plan: GrainPlan, source: GrainSource, shards) -> int | None:
+    """Training's shard-block window: asked for (``shard_window``), else sized by the
+    shard cache when the split is larger than it; None: a global shuffle."""
+    if not plan.training:
+        return None
+    if plan.shard_window is not None:  # make_plan refuses it with sampling
+        return min(plan.shard_window, len(shards))
+    cache = source.cache
+    if cache is None:
+        return None
+    # An index holds 16 bytes a record (offset and length); it is cached beside its shard.
+    entries = [shard.bytes + 16 * shard.records for shard in shards]
+    window = order_lib.window_for(cache.limit, entries)
+    if window is not None and plan.sampling is not None:
+        raise ChuteError(
+            f"`sampling` draws from the whole {plan.split} split ({sum(entries) / 1e9:.1f} GB), "
+            f"which is larger than the shard cache: raise cache_limit above it. Received: "
+            f"cache_limit={cache.limit} bytes"
+        )
+    if window is not None:
+        log.warning(
+            "the %s split (%.1f GB) is larger than the shard cache (cache_limit %.1f GB): "
+            "a shard-block shuffle of %d shards at a time, not a global shuffle (a larger "
+            "cache_limit, or shard_window=, changes it)",
+            plan.split, sum(entries) / 1e9, cache.limit / 1e9, window,
+        )  # fmt: skip
+    return window
 
 
 def shared_seed(manifest, split: str) -> int:
@@ -309,12 +415,18 @@ def _dataset_class():
             return streamed
 
         def __iter__(self):
-            batches, steps = grain.MapDataset.source(self.batches), self.batches.steps
+            source, steps = self.batches, self.batches.steps
+            start = self.start or StreamPosition(self.epoch)
+            if self.plan.training and start.offset:
+                source = copy.copy(source)  # this stream's own: its first epoch starts later
+                source.offset = (start.epoch, start.offset)
+            batches = grain.MapDataset.source(source)
             if self.plan.training:
-                start = self.start or StreamPosition(self.epoch)
                 # every batch is a pure function of its number: the stream is a slice
                 first = start.epoch * steps + start.batch
-                last = None if self.plan.repeat else (start.epoch + 1) * steps
+                # An epoch started `offset` examples in (0 < offset < a global batch) has
+                # one whole batch less.
+                last = None if self.plan.repeat else (start.epoch + 1) * steps - bool(start.offset)
                 batches = batches.slice(slice(first, last))
                 # A stream stays where it starts; a plain dataset moves on an epoch per iter().
                 if self.start is None:

@@ -50,6 +50,8 @@ class GrainPlan:
             derived from the split's shards when several training pipelines share one order.
         sampling: training's class sampling as given (``LoadOptions.sampling``), or None.
         workers: Grain worker processes (None: the default, 0: threads).
+        shard_window: training's shard-block shuffle, this many shards at a time (None:
+            a global shuffle unless the split is larger than the shard cache).
     """
 
     split: str
@@ -72,6 +74,7 @@ class GrainPlan:
     seed: int | None
     sampling: Any
     workers: int | None
+    shard_window: int | None = None
 
     @property
     def num_examples(self) -> int:
@@ -101,6 +104,12 @@ def make_plan(
         raise ChuteError(
             "`skip_corrupt` is the tf.data engine's; the Grain engine checks every record's "
             "CRC and stops at a damaged one. Received: skip_corrupt=True with engine='grain'"
+        )
+    if options.sampling is not None and options.shard_window is not None:
+        raise ChuteError(
+            "`sampling` draws from the whole split, a `shard_window` reads a few shards at a "
+            "time: pass one of them. Received: sampling="
+            f"{options.sampling!r}, shard_window={options.shard_window}"
         )
     aim = target(manifest, split, options)
     spec = options.augment_spec
@@ -145,4 +154,5 @@ def make_plan(
         # Evaluation reads every example once, whatever the sampling asks.
         sampling=options.sampling if aim.training else None,
         workers=options.workers,
+        shard_window=options.shard_window,
     )
