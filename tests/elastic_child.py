@@ -48,12 +48,15 @@ try:
     )  # fmt: skip
 except Killed:
     killed = True
+    steps = json.loads((run / "backup" / "state.json").read_text())["current"]["step"]
 result = {
     "killed": killed,
     "batches": batches[0],
     "devices": len(keras.distribution.list_devices()),
 }
-if not killed:
+if killed:
+    result["steps"] = steps  # the optimizer steps of the last backup
+else:
     model = keras.models.load_model(run / "checkpoints" / "last.keras")
     result["iterations"] = int(model.optimizer.iterations.numpy())
     result["history"] = json.loads((run / "history.json").read_text())

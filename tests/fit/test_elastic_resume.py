@@ -35,7 +35,9 @@ def test_a_run_resumes_on_another_device_count_at_the_example_it_stopped(
     """90 examples; 2 devices x 8 = 16 a step (5 steps an epoch), 1 device: 8 (11 steps).
     Killed after 3 steps on 2 devices (48 examples); on 1 device it goes on at example 49
     (6 of its batches done: 5 left), then 2 steps into epoch 2 (16 examples) it is killed
-    again; back on 2 devices, 1 of 5 batches is done: 4 left. 3 + 5 + 2 + 4 steps in all."""
+    again; back on 2 devices, 1 of 5 batches is done: 4 left. 3 + 5 + 2 + 4 steps in all,
+    the optimizer's step count set at each change to the new run's units (so the schedule
+    goes on at the same fraction of the run): 2 epochs of 5 steps at the end."""
     shards, run, cache = resume_shards(tmp_path_factory), tmp_path / "run", tmp_path / "xla"
     first = _attempt(shards, run, 2, 3, cache)
     assert first["killed"] and first["devices"] == 2
@@ -47,12 +49,13 @@ def test_a_run_resumes_on_another_device_count_at_the_example_it_stopped(
     assert "backed up with a global batch of 16, now 8" in second["log"]
     assert "resuming epoch 1 at example 49 of 88" in second["log"]
     assert "backed up on 1 process(es) x 2 replica(s) on 1 x 1" in second["log"]
+    assert second["steps"] == 6 + 5 + 2  # set to 6 of 11 on restore, then 7 more
     state = json.loads((run / "backup" / "state.json").read_text())["current"]
     assert (state["epoch"], state["samples"], state["global_batch"]) == (1, 16, 8)
 
     third = _attempt(shards, run, 2, 0, cache)
     assert not third["killed"] and third["devices"] == 2
     assert "resuming epoch 2 at example 17 of 80" in third["log"]
-    assert third["iterations"] == 3 + 5 + 2 + 4
+    assert third["iterations"] == 2 * 5
     assert all(len(values) == 2 for values in third["history"].values())
     assert not (run / "backup").exists()

@@ -5,6 +5,7 @@ shard-block shuffle for a split larger than the shard cache."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import types
 
@@ -160,15 +161,24 @@ def test_a_new_global_batch_that_does_not_divide_the_examples_read_resumes_mid_b
         (Record(0, 4, "w", samples=32, global_batch=8), 11, 8, (0, 4, 0, 32)),  # same size
         (Record(0, 3, "w", samples=48, global_batch=16), 11, 8, (0, 6, 0, 48)),  # halved
         (Record(0, 6, "w", samples=48, global_batch=8), 5, 16, (0, 3, 0, 48)),  # doubled
-        (Record(0, 10, "w", samples=80, global_batch=8), 5, 16, (1, 0, 0, 0)),  # nothing left
-        # 72 of 80 read: no whole batch of 16 is left, so the next epoch
-        (Record(0, 9, "w", samples=72, global_batch=8), 5, 16, (1, 0, 0, 0)),
+        # 80 or 72 of 80 read: no whole batch of 16 is left; the last one is trained again
+        (Record(0, 10, "w", samples=80, global_batch=8), 5, 16, (0, 4, 0, 64)),
+        (Record(0, 9, "w", samples=72, global_batch=8), 5, 16, (0, 4, 0, 64)),
+        (Record(0, 1, "w", samples=8, global_batch=8), 5, 16, (0, 0, 8, 8)),  # in batch 0
         (Record(0, 7, "w", samples=56, global_batch=8), 5, 16, (0, 3, 8, 56)),  # mid-batch
     ],
 )
 def test_resume_points_of_backups_that_record_examples(record, steps, batch, expected):
     point = ResumePoint.of(record, steps=steps, global_batch=batch)
     assert (point.epoch, point.batch, point.offset, point.samples) == expected
+
+
+def test_a_resume_inside_the_first_batch_of_the_new_size_is_cut_at_its_example():
+    """8 examples trained at 8 a step, resumed at 16: the epoch goes on at example 9
+    (4 whole batches of 16 left of its 80), not from its start."""
+    point = ResumePoint.of(Record(0, 1, "w", samples=8, global_batch=8), steps=5, global_batch=16)
+    call = point.fit_call(0, epochs=2, steps=5)
+    assert call.cut and call.steps == 4 and call.start == StreamPosition(0, 0, 8)
 
 
 def test_a_backup_records_examples_and_layout_and_reads_back(tmp_path):
@@ -220,3 +230,69 @@ def test_a_split_larger_than_the_shard_cache_reads_in_shard_blocks(shards, tmp_p
         np.testing.assert_array_equal(theirs[1], ours[1])
     held = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
     assert held <= 5 * largest + 10
+
+
+def test_every_shard_a_batch_reads_was_asked_for_ahead_in_uneven_blocks(shards):
+    """Shard blocks of very different sizes (7 shards of 40 records and one of 5, two at
+    a time): each batch's shards are among those last asked of the cache (its block and
+    the next), including across the epoch's end."""
+    from chute.read.grain.dataset import Batches
+
+    counts = [40] * 7 + [5]
+    asked: list[list[int]] = []
+
+    class Source:  # what Batches asks of a source with a shard cache
+        cache = "a cache"
+
+        def __len__(self):
+            return sum(counts)
+
+        def upcoming(self, shard_numbers):
+            asked.append(list(shard_numbers))
+
+    plan = dataclasses.replace(_load(shards, 5).batches.plan, steps=57, batch_size=5)
+    batches = Batches(Source(), plan, seed=4, probabilities=None, window=2, shard_records=counts)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for number in range(2 * 57):  # two epochs
+        needed = np.searchsorted(starts, batches.records_of(number), side="right") - 1
+        assert set(needed.tolist()) <= set(asked[-1]), (number, needed, asked[-1])
+    assert 2 * 4 <= len(asked) <= 2 * 4 + 1  # once per block, not per batch
+
+
+def test_shard_blocks_sized_by_a_default_limit_are_refused(shards, tmp_path, monkeypatch):
+    """A default cache limit follows the machine's free disk: blocks sized by it would
+    differ between hosts and restarts, so a split larger than it asks for a limit."""
+    import fsspec
+
+    from chute.read import cache
+
+    fsspec.filesystem("memory").put(str(shards), "/default/shards", recursive=True)
+    monkeypatch.setattr(cache, "default_limit", lambda directory: 20_000)
+    with pytest.raises(ChuteError, match="--cache-limit") as refused:
+        _load("memory://default/shards", 8, cache_dir=str(tmp_path / "cache"))
+    assert "default limit" in str(refused.value) and "--shard-window" in str(refused.value)
+    window = _load("memory://default/shards", 8, cache_dir=str(tmp_path / "cache"), shard_window=2)
+    assert window.batches.window == 2
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "refused"),
+    [
+        ({"position": "examples", "batch_size": 8}, {"position": "examples", "batch_size": 4}, 0),
+        ({"batch_size": 8}, {"position": "examples", "batch_size": 4}, 1),  # an older run's
+        ({"batch_size": 8, "engine": "tf"}, {"batch_size": 4, "engine": "tf"}, 1),
+        ({"engine": "tf"}, {"engine": "grain", "position": "examples"}, 1),
+    ],
+)
+def test_only_backups_that_count_examples_resume_on_another_batch_size(
+    tmp_path, before, now, refused
+):
+    from chute.fit import rundir
+
+    rundir.prepare(tmp_path / "run", overwrite=False, started=before)
+    (tmp_path / "run" / "backup").mkdir()  # interrupted
+    if refused:
+        with pytest.raises(ChuteError, match="interrupted run started with other options"):
+            rundir.prepare(tmp_path / "run", overwrite=False, started=now)
+    else:
+        assert rundir.prepare(tmp_path / "run", overwrite=False, started=now).resumed

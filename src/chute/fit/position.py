@@ -139,11 +139,20 @@ class ResumePoint:
         """The point of a backup that records the examples trained in its epoch: the
         same batches on the same global batch size, else the same example (elastic)."""
         samples, epoch = record.samples or 0, record.epoch
+        if samples <= 0:  # the epoch's start
+            return cls(epoch, seeds=record.seeds)
         # Whole batches of the new size left in the epoch (the order is cut to those).
         batch, offset = divmod(samples, global_batch)
         left = steps - bool(offset) - batch
-        if samples <= 0 or left <= 0:  # the epoch's start, or nothing of it left
-            return cls(epoch + (samples > 0), seeds=record.seeds)
+        if left <= 0:
+            # Less than a batch of the new size left: its last batch is trained again
+            # (some examples twice), so that the epoch still ends (validation, history).
+            log.warning(
+                "resuming epoch %d: less than a global batch of %d is left of it after "
+                "%d examples; its last batch is trained again",
+                epoch + 1, global_batch, samples,
+            )  # fmt: skip
+            batch, offset, samples, left = steps - 1, 0, (steps - 1) * global_batch, 1
         if engine != "grain":
             log.info(
                 "resuming epoch %d, backed up after %d of its examples: the tf.data engine "
@@ -180,7 +189,7 @@ class ResumePoint:
         """
         start = StreamPosition(first_epoch + initial_epoch)
         # Only the resumed epoch is cut; every later call trains whole epochs.
-        if initial_epoch != self.epoch or self.batch == 0:
+        if initial_epoch != self.epoch or (self.batch == 0 and not self.offset):
             return FitCall(initial_epoch, epochs, steps, start)
         # the resumed epoch alone, of its remaining batches: Keras counts an epoch's steps
         # from 0, and the next call starts the next epoch's at its first batch. `epochs`
@@ -256,6 +265,16 @@ class Resume:
         )
         return self.current
 
+    def restored_step(self) -> int | None:
+        """The optimizer step to set once the backup is restored, when it was written with
+        another global batch: the resumed point in this run's steps (``epoch × steps +
+        batch``), so that the learning-rate schedule, counted in steps, goes on at the same
+        fraction of the phase. None: the backup's own step count holds."""
+        record = self.record
+        if record is None or not record.global_batch or record.global_batch == self.global_batch:
+            return None
+        return self.point.epoch * self.steps + self.point.batch
+
     def samples(self, batches: int) -> int:
         """The examples of the epoch in progress trained once the current ``fit`` has
         trained ``batches`` of it (a resumed epoch's began with the ones before)."""
@@ -290,6 +309,9 @@ def _callback() -> type:
             if self._restore is not None:
                 self.resume.store.load(self.model, self._restore)
                 self._restore = None  # a later fit goes on from the model as it is
+                step = self.resume.restored_step()
+                if step is not None:
+                    _set_step(self.model.optimizer, step)
 
         def on_epoch_begin(self, epoch, logs=None):
             # this fit's epochs have its steps: the rest of a resumed epoch, or whole ones
@@ -315,3 +337,10 @@ def _callback() -> type:
                 self.model.stop_training = True
 
     return Backups
+
+
+def _set_step(optimizer: Any, step: int) -> None:
+    """Sets ``optimizer``'s step count (a loss-scale optimizer's inner one's too)."""
+    for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if each is not None:
+            each.iterations.assign(step)

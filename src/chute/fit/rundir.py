@@ -130,5 +130,11 @@ def _differences(run: RunDir, started: dict[str, Any]) -> str:
     if not storage.exists(path):
         return ""
     before = json.loads(storage.read_bytes(path))
-    changed = [key for key in started if key in before and before[key] != started[key]]
+    # Backups that count examples resume on another per-replica batch (chute.fit.position).
+    elastic = before.get("position") == started.get("position") == "examples"
+    changed = [
+        key
+        for key in started
+        if key in before and before[key] != started[key] and not (elastic and key == "batch_size")
+    ]
     return "; ".join(f"{key}: {before[key]!r} then, {started[key]!r} now" for key in changed)

@@ -171,9 +171,10 @@ def train(
 def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[str, Any]:
     """What a run's backup depends on: the model's layers and shapes, the classes, its
     training phases, the optimizer's variables (optimizer, precision: a loss-scale
-    optimizer), the augmentation layers in the train step, and on the tf.data engine the
-    step count that the schedule follows (the batch size). An interrupted run resumes
-    only with the same."""
+    optimizer), the augmentation layers in the train step, the batch size (the steps the
+    schedule follows; the Grain engine rescales them), the engine, and from a bucket the
+    options that size the order's shard blocks. An interrupted run resumes only with the
+    same."""
     stored = [manifest.image.height, manifest.image.width]
     return {
         "model": config.model,
@@ -188,9 +189,18 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
         "precision": config.precision,
         "augment": list(config.augment),
         "augment_on": config.augment_on,
-        # The Grain engine's position is global (examples of one order): a run resumes on
-        # another batch size or device count. tf.data's schedule follows its steps.
-        **({"batch_size": config.batch_size} if config.load.engine != "grain" else {}),
+        "batch_size": config.batch_size,
+        "engine": config.load.engine,
+        # The Grain engine's backups say where they are in examples of one global order:
+        # such a run resumes on another batch size or device count (rundir skips the
+        # batch size when both runs record this; an older run's backup counts steps).
+        **({"position": "examples"} if config.load.engine == "grain" else {}),
+        # A bucket's split larger than the cache is read in shard blocks sized by these.
+        **(
+            {"cache_limit": config.load.cache_limit, "shard_window": config.load.shard_window}
+            if config.load.engine == "grain" and not storage.is_local(manifest.location)
+            else {}
+        ),
     }
 
 

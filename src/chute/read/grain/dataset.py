@@ -116,6 +116,7 @@ class Batches:
         # at this example (see StreamPosition.offset): (epoch, offset).
         self.offset: tuple[int, int] = (0, 0)
         self._block: tuple[int, int] | None = None  # (epoch, block) last prefetched for
+        self._block_plans: dict[int, Any] = {}  # epoch -> its shard blocks
         self.records = None
         if not plan.training:  # this pipeline's contiguous run of the split
             start = sum(plan.sizes[: plan.share.index])
@@ -162,24 +163,24 @@ class Batches:
     def _prefetch_blocks(self, epoch: int, position: int) -> None:
         """Shard-block order: the block holding ``position`` and the next one (the next
         epoch's first at the last block) are fetched ahead, once per block and process."""
-        block = position // max(1, self._block_size)
-        if self._block == (epoch, block):
+        blocks, ends = self._blocks(epoch)
+        block = int(np.searchsorted(ends, position, side="right"))
+        if self._block == (epoch, block) or block >= len(blocks):
             return
         self._block = (epoch, block)
-        shards = self._first_use(self.draw(epoch))
-        ahead = shards[block * self.window : (block + 2) * self.window]
-        if len(ahead) <= self.window:  # the last block: the next epoch's first comes next
-            counts = self.shard_records
-            following = order_lib.epoch_order(
-                counts, seed=self.seed, epoch=epoch + 1, window=self.window
-            )
-            ahead += [s for s in self._first_use(following)[: self.window] if s not in ahead]
-        self._upcoming(ahead)
+        following = blocks[block + 1] if block + 1 < len(blocks) else self._blocks(epoch + 1)[0][0]
+        self._upcoming(blocks[block] + [s for s in following if s not in blocks[block]])
 
-    @functools.cached_property
-    def _block_size(self) -> int:
-        # Blocks hold records of `window` shards: about this many positions each.
-        return self.window * sum(self.shard_records) // len(self.shard_records)
+    def _blocks(self, epoch: int) -> tuple[list[list[int]], np.ndarray]:
+        blocks = self._block_plans.get(epoch)
+        if blocks is None:
+            blocks = order_lib.shard_blocks(
+                self.shard_records, seed=self.seed, epoch=epoch, window=self.window
+            )
+            # This epoch's and the next one's (its first block is fetched during the last).
+            self._block_plans = {e: b for e, b in self._block_plans.items() if e >= epoch - 1}
+            self._block_plans[epoch] = blocks
+        return blocks
 
     def records_of(self, number: int) -> np.ndarray:
         """The record numbers of batch ``number`` (evaluation: -1 for padding)."""
@@ -355,6 +356,16 @@ def _window(plan: GrainPlan, source: GrainSource, shards) -> int | None:
             f"`sampling` draws from the whole {plan.split} split ({sum(entries) / 1e9:.1f} GB), "
             f"which is larger than the shard cache: raise cache_limit above it. Received: "
             f"cache_limit={cache.limit} bytes"
+        )
+    if window is not None and cache.limit_rule:
+        # A default limit follows this machine's free disk: another host, or this one after
+        # a restart, would draw other blocks, and pipelines must all read one order.
+        raise ChuteError(
+            f"The {plan.split} split ({sum(entries) / 1e9:.1f} GB) is larger than the shard "
+            f"cache's default limit ({cache.limit / 1e9:.1f} GB{cache.limit_rule}), so it is "
+            "read in shard blocks, whose order must not depend on a machine's free disk: pass "
+            "cache_limit (--cache-limit) a size every host has, or shard_window "
+            "(--shard-window N). Received: cache_limit=None"
         )
     if window is not None:
         log.warning(

@@ -48,6 +48,24 @@ def epoch_order(
     return np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
 
 
+def shard_blocks(
+    shard_records: Sequence[int], *, seed: int, epoch: int, window: int
+) -> tuple[list[list[int]], np.ndarray]:
+    """The blocks of epoch ``epoch``'s shard-block shuffle: the shards of each, in the
+    order read, and the position in the epoch's order where each block ends.
+
+    Example:
+        >>> blocks, ends = shard_blocks([3, 3, 2], seed=0, epoch=0, window=2)
+        >>> sorted(sum(blocks, [])), int(ends[-1])
+        ([0, 1, 2], 8)
+    """
+    # The same first draw as epoch_order's: its shard order.
+    shards = np.random.default_rng([seed, epoch]).permutation(len(shard_records)).tolist()
+    blocks = [shards[first : first + window] for first in range(0, len(shards), window)]
+    ends = np.cumsum([sum(shard_records[s] for s in block) for block in blocks])
+    return blocks, ends
+
+
 def window_for(limit: int, shard_bytes: Sequence[int]) -> int | None:
     """The shard-block window for a cache of ``limit`` bytes: None when the whole split
     (``shard_bytes``: each shard's, its record index included) fits, so the global
