@@ -76,8 +76,12 @@ def test_storage_functions_on_gcs(bucket):
 
 def test_gs_goes_through_gcsfs_and_through_tensorflow_only_without_it(monkeypatch):
     tensorflow = remote._installed("tensorflow")
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     assert remote.handles("gs://b/x") and remote.handles("gcs://b/x")
     assert storage.tensorflow_opens("gs://b/x") is tensorflow  # tf.data opens gs:// itself
+    # TensorFlow's GCS client knows no emulator: tf.data does not open gs:// through one
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
+    assert not storage.tensorflow_opens("gs://b/x")
     assert not storage.tensorflow_opens("gcs://b/x")  # a scheme TensorFlow does not know
     monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if it were not installed
     assert remote.handles("gs://b/x") is not tensorflow and remote.handles("gcs://b/x")
@@ -221,3 +225,21 @@ def test_converting_into_a_bucket_never_imports_tensorflow(dataset, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "tensorflow" not in done.stdout, done.stdout
     assert storage.exists(out + "/manifest.json")
+
+
+@pytest.mark.slow
+def test_train_evaluate_and_predict_from_a_bucket(dataset, source, tmp_path):
+    """chute train (the Grain engine, through the shard cache), evaluate and predict on
+    a dataset in a gs:// bucket, from the CLI in this process."""
+    run = tmp_path / "run"
+    options = ["--epochs", "1", "--batch-size", "8", "--model", "kannada-cnn", "--strategy", "cpu"]
+    done = run_here("train", dataset, "--run-dir", run, "--engine", "grain", *options)
+    assert done.returncode == 0, done.stderr
+    assert (run / "evaluation-val.json").exists()  # its own evaluation read the bucket too
+    evaluated = run_here("evaluate", run, dataset, "--split", "val", "--out", tmp_path / "eval")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "accuracy" in evaluated.stdout
+    image = sorted((source / "a").iterdir())[0]
+    predicted = run_here("predict", run, image)
+    assert predicted.returncode == 0, predicted.stderr
+    assert predicted.stdout.split()[1] in {"a", "b", "c"}

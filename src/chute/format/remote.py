@@ -97,9 +97,13 @@ def handles(path: str) -> bool:
 
 def tensorflow_knows(path: str) -> bool:
     """Whether ``path``'s scheme is one of TensorFlow's own filesystems here (``ram://``,
-    and ``gs://`` while TensorFlow is installed), which tf.data opens itself."""
+    and ``gs://`` while TensorFlow is installed and no ``STORAGE_EMULATOR_HOST`` is set:
+    TensorFlow's GCS client talks to Google's endpoint only), which tf.data opens itself."""
     name = scheme(path)
-    return name in _TF_ALWAYS or (name in _TF_WHEN_INSTALLED and _installed("tensorflow"))
+    if name in _TF_ALWAYS:
+        return True
+    emulated = bool(os.environ.get("STORAGE_EMULATOR_HOST"))
+    return name in _TF_WHEN_INSTALLED and not emulated and _installed("tensorflow")
 
 
 def _installed(module: str) -> bool:
