@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import shutil
@@ -285,6 +286,57 @@ def create(path: str, data: bytes) -> bool:
         return False
     write_atomic(path, data)
     return True
+
+
+def version(path: str) -> str | None:
+    """What names the current content of file ``path`` (S3's ETag, elsewhere a hash of
+    the bytes): it changes whenever the file is written anew with other bytes; None if
+    there is no such file."""
+    try:
+        if _fsspec(path) and remote.scheme(path) == "s3":
+            fs, key = remote.filesystem(path)
+            with remote.errors(path):
+                return str(fs.info(key)["ETag"])
+        return hashlib.sha256(read_bytes(path)).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def replace(path: str, data: bytes, seen: str) -> bool:
+    """Writes ``data`` over file ``path`` only if its :func:`version` is still ``seen``;
+    False if it is not (or the file is gone).
+
+    Atomic on S3 (a put with ``If-Match``: of two writers that saw one version, one wins);
+    elsewhere a check, then a write (two writers may both see ``seen``).
+    """
+    if _fsspec(path) and remote.scheme(path) == "s3":
+        fs, key = remote.filesystem(path)
+        try:
+            fs.pipe_file(key, data, IfMatch=seen)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as error:
+            if _condition_failed(error):
+                return False
+            with remote.errors(path):
+                raise
+    if version(path) != seen:
+        return False
+    write_atomic(path, data)
+    return True
+
+
+def _condition_failed(error: BaseException) -> bool:
+    """Whether S3 refused a conditional put: 412, another version is there; 409, another
+    conditional put of the same object is under way (s3fs keeps the code in the cause)."""
+    for cause in (error, error.__cause__, error.__context__):
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") in (
+            "PreconditionFailed", "ConditionalRequestConflict",
+        ):  # fmt: skip
+            return True
+    return False
 
 
 def sync(handle: IO[Any]) -> None:

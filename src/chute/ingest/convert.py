@@ -578,6 +578,7 @@ def _write_shard(plan: _Plan, shard: layout.Shard, results: Iterator, guard: Lea
         # In writing order, so which copy of a duplicate is kept does not depend on the workers.
         return guard.admit(digest, item.key, item.label, shard.split)
 
+    lock.check_held(plan.output)  # a conversion that took over OUT writes it now, not this one
     return writer.write_shard(plan.output, shard.name, chunks(), admit=admit)
 
 
@@ -590,6 +591,7 @@ def _finish(
     """Writes ``rejects.csv``, the source listing and, last, the manifest; removes the
     work folder."""
     manifest = _manifest(plan, written)
+    lock.check_held(plan.output)
     resume.write_rejects(plan.output, manifest.rejects)
     resume.write_listing(plan.output, files)
     manifest.save(plan.output)  # last: its presence means the conversion is complete
