@@ -4,9 +4,11 @@ shard-block shuffle for a split larger than the shard cache."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
+import threading
 import types
 
 import numpy as np
@@ -225,11 +227,31 @@ def test_a_split_larger_than_the_shard_cache_reads_in_shard_blocks(shards, tmp_p
     assert "larger than the shard cache" in caplog.text
     assert "a shard-block shuffle each epoch (2 of 12 shards at a time)" in caplog.text
     local = _load(shards, 8, shard_window=2)
-    for theirs, ours in zip(iter(remote), iter(local), strict=True):
-        np.testing.assert_array_equal(theirs[0], ours[0])
-        np.testing.assert_array_equal(theirs[1], ours[1])
+    sizes, done = [], threading.Event()
+    watch = threading.Thread(target=_watch_size, args=(tmp_path / "cache", sizes, done))
+    watch.start()  # the cache's size all along, not only at the end
+    try:
+        for theirs, ours in zip(iter(remote), iter(local), strict=True):
+            np.testing.assert_array_equal(theirs[0], ours[0])
+            np.testing.assert_array_equal(theirs[1], ours[1])
+    finally:
+        done.set()
+        watch.join()
     held = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
     assert held <= 5 * largest + 10
+    assert len(sizes) > 1 and max(sizes) <= 5 * largest + 10
+
+
+def _watch_size(folder, sizes: list, done: threading.Event) -> None:
+    """Appends the bytes in ``folder`` (entries and downloads under way) until ``done``."""
+    while True:
+        total = 0
+        for item in folder.rglob("*"):
+            with contextlib.suppress(FileNotFoundError):  # evicted while listed
+                total += item.stat().st_size if item.is_file() else 0
+        sizes.append(total)
+        if done.wait(0.001):
+            return
 
 
 def test_every_shard_a_batch_reads_was_asked_for_ahead_in_uneven_blocks(shards):

@@ -7,6 +7,8 @@ eviction, both engines reading through it, and the options and flags that set it
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -14,8 +16,10 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+import warnings
 
 import numpy as np
 import pytest
@@ -31,6 +35,11 @@ from chute.read import cache as cache_lib
 from chute.read.cache import ShardCache
 from chute.read.grain.source import GrainSource
 from chute.read.options import LoadOptions, parse_size
+
+try:
+    import fcntl
+except ImportError:  # Windows: the tests of locks are skipped (they need fork or /proc/locks)
+    fcntl = None
 
 
 @pytest.fixture(scope="module")
@@ -195,18 +204,49 @@ def test_a_limit_smaller_than_one_shard_is_refused_by_name(remote, tmp_path):
         chute.load(remote, engine="grain", cache_dir=str(tmp_path), cache_limit=100)
 
 
+def _waiters(pids) -> set[int]:
+    """The inodes that processes ``pids`` wait to flock (Linux's /proc/locks)."""
+    waiting = set()
+    with open("/proc/locks") as table:
+        for line in table:
+            fields = line.split()
+            if "->" in fields and int(fields[-4]) in pids:
+                waiting.add(int(fields[-3].rsplit(":", 1)[1]))
+    return waiting
+
+
+def _inodes(folder) -> set[int]:
+    found = set()
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        with contextlib.suppress(FileNotFoundError):
+            found.add(os.stat(os.path.join(folder, name)).st_ino)
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="Linux's lock table")
 def test_two_processes_download_each_shard_once(remote, tmp_path):
-    directory = tmp_path / "c"
+    directory, go, release = tmp_path / "c", tmp_path / "go", tmp_path / "release"
+    # Both start together; the first download's first read is held until the test has seen
+    # the other process wait for that shard's lock.
     code = f"""
-import logging, sys
-from chute.format import manifest
+import logging, os, sys, time
+from chute.format import manifest, storage
 from chute.read.cache import ShardCache
 logging.basicConfig(level=logging.DEBUG, format="%(name)s %(message)s", stream=sys.stdout)
 logging.getLogger("chute.read.cache").setLevel(logging.DEBUG)
 for name in ("s3fs", "botocore", "aiobotocore", "fsspec", "urllib3", "asyncio"):
     logging.getLogger(name).setLevel(logging.WARNING)
+shards = manifest.load({remote!r}).split("train").shards
+real = storage.open_file
+def held(path, mode="rb"):
+    while not os.path.exists({str(release)!r}):
+        time.sleep(0.005)
+    return real(path, mode)
+storage.open_file = held
 cache = ShardCache({str(directory)!r}, 10**7)
-for shard in manifest.load({remote!r}).split("train").shards:
+while not os.path.exists({str(go)!r}):
+    time.sleep(0.005)
+for shard in shards:
     cache.local({remote!r}, shard)
     cache.local_index({remote!r}, shard)
 """
@@ -214,6 +254,16 @@ for shard in manifest.load({remote!r}).split("train").shards:
         subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
+    try:
+        go.touch()
+        pids = {child.pid for child in children}
+        _until(
+            lambda: _waiters(pids) & _inodes(directory / "locks"),
+            "one process waits for the other's download (its entry's lock)",
+            timeout=30,
+        )
+    finally:
+        release.touch()
     logs = [child.communicate(timeout=60)[0] for child in children]
     assert all(child.returncode == 0 for child in children), logs
     fetched = [line for out in logs for line in out.splitlines() if "fetched" in line]
@@ -262,15 +312,41 @@ def test_an_entry_being_read_is_not_evicted(memory, tmp_path):
         os.close(fd)
 
 
+def _prefetch_waits_for_room() -> bool:
+    """Whether a prefetch thread is waiting for room (where it goes only when
+    fetching its shard would pass the limit)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return any(
+        names.get(ident) == "chute-shard-cache"
+        and frame.f_code.co_name == "wait"
+        and frame.f_back is not None
+        and frame.f_back.f_code.co_name == "_prefetching"
+        for ident, frame in sys._current_frames().items()
+    )
+
+
+def _until(condition, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout} s: {what}")
+        time.sleep(0.005)
+
+
 def test_prefetch_stays_within_the_limit(memory, tmp_path):
     shards = _shards(memory)
     limit = max(s.bytes for s in shards) * 2 + 50
     cache = ShardCache(tmp_path / "c", limit)
     cache.prefetch(memory, shards)
-    deadline = time.monotonic() + 10
-    while len(_entries(tmp_path / "c")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.2)  # the third waits for room that only a reader moving on makes
+    # the third waits for room that only a reader moving on makes
+    _until(
+        lambda: (
+            len(_entries(tmp_path / "c")) == 2
+            and _prefetch_waits_for_room()
+            and sum(t.name == "chute-shard-cache" for t in threading.enumerate()) == 1
+        ),
+        "the first two fetched, and the third's prefetch waits for room",
+    )
     held = _entries(tmp_path / "c")
     assert set(held) == {shards[0].sha256, shards[1].sha256} and sum(held.values()) <= limit
     cache.prefetch(memory, [])  # (the waiting thread ends)
@@ -360,3 +436,188 @@ def test_the_cache_flags_reach_the_load_options(shared_dataset, monkeypatch):
     with pytest.raises(_Called):
         cli.main(["evaluate", "run", str(shared_dataset), *flags])
     assert seen["cache_dir"] == "/tmp/shards" and seen["cache_limit"] == "2GB"
+
+
+def _lockable(path) -> bool:
+    """Whether this process can lock ``path`` exclusively now (nobody holds it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+@contextlib.contextmanager
+def _forked_child():
+    """A forked child that lives, doing nothing, until the block ends."""
+    ready_r, ready_w = os.pipe()
+    end_r, end_w = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (fork with threads running)
+        pid = os.fork()
+    if pid == 0:  # the child: says it is there (its at-fork hooks have run), then waits
+        os.write(ready_w, b"x")
+        os.read(end_r, 1)
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        yield
+    finally:
+        os.write(end_w, b"x")
+        os.waitpid(pid, 0)
+        for fd in (ready_r, ready_w, end_r, end_w):
+            os.close(fd)
+
+
+def _held_stream(monkeypatch):
+    """Downloads wait to start until ``release`` is set; ``started`` says one waits."""
+    started, release = threading.Event(), threading.Event()
+    real = storage.open_file
+
+    def held(path, mode="rb"):
+        started.set()
+        assert release.wait(10)
+        return real(path, mode)
+
+    monkeypatch.setattr(storage, "open_file", held)
+    return started, release
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_keeps_no_lock_of_a_download_under_way(memory, tmp_path, monkeypatch):
+    shard = _shards(memory)[0]
+    cache = ShardCache(tmp_path / "c", 10**7)
+    started, release = _held_stream(monkeypatch)
+    download = threading.Thread(target=cache.local, args=(memory, shard))
+    download.start()
+    try:
+        assert started.wait(10)  # it holds the entry's lock now
+        with _forked_child():
+            release.set()
+            download.join(10)
+            assert os.path.exists(cache.path(shard))
+            # the parent's lock is gone; the child's copy of it must not hold it
+            assert _lockable(tmp_path / "c" / "locks" / shard.sha256)
+    finally:
+        release.set()
+        download.join(10)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_that_never_reads_does_not_pin_the_sources_entries(memory, tmp_path):
+    shards = _shards(memory)
+    cache = ShardCache(tmp_path / "c", 10**7)
+    source = GrainSource(manifest_lib.load(memory), "train", cache)
+    source.upcoming([])  # (no prefetch threads)
+    source[0]  # its shard is held open (a shared lock) by the source
+    assert not _lockable(cache.path(shards[0]))
+    with _forked_child():
+        source.close()  # the parent moves on: eviction may delete the entry now
+        assert _lockable(cache.path(shards[0]))
+
+
+class _EvictedOnce(ShardCache):
+    """A cache whose record indexes another process evicts once, just after each is
+    fetched and before it is opened (``always``: every time)."""
+
+    always = False
+
+    def local_index(self, location, shard):
+        path = super().local_index(location, shard)
+        with self._evicting:
+            if self.always or path not in self.evicted:
+                self.evicted.add(path)
+                with contextlib.suppress(FileNotFoundError):  # (two threads, one index)
+                    os.remove(path)
+        return path
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._evicting, self.evicted = threading.Lock(), set()
+
+
+def test_a_record_index_evicted_before_it_is_opened_is_fetched_again(memory, tmp_path):
+    cache = _EvictedOnce(tmp_path / "c", 10**7)
+    source = GrainSource(manifest_lib.load(memory), "train", cache)
+    assert cache.evicted == {os.path.join(cache.directory, s.index.sha256) for s in _shards(memory)}
+    assert source[0]["key"]
+    cache.always = True
+    with pytest.raises(ChuteError, match=r"record index of train-.* was evicted from the shard "
+                       r"cache .* 3 times.*--cache-limit"):  # fmt: skip
+        GrainSource(manifest_lib.load(memory), "train", cache)
+
+
+def test_an_evicted_entry_takes_its_lock_file_with_it(memory, tmp_path):
+    shards = _shards(memory)
+    cache = ShardCache(tmp_path / "c", max(s.bytes for s in shards) + 50)  # one at a time
+    for shard in shards * 2:
+        cache.local(memory, shard)
+    assert set(os.listdir(tmp_path / "c" / "locks")) == {".space", shards[-1].sha256}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="Linux's lock table")
+def test_a_lock_file_deleted_while_waited_for_is_made_again(memory, tmp_path, monkeypatch):
+    shard = _shards(memory)[0]
+    cache = ShardCache(tmp_path / "c", 10**7)
+    lock = tmp_path / "c" / "locks" / shard.sha256
+    evictor = os.open(lock, os.O_RDWR | os.O_CREAT)  # another process evicting the entry
+    fcntl.flock(evictor, fcntl.LOCK_EX)
+    started, release = _held_stream(monkeypatch)
+    download = threading.Thread(target=cache.local, args=(memory, shard))
+    download.start()
+    try:
+        _until(lambda: os.stat(lock).st_ino in _waiters({os.getpid()}), "the download waits")
+        os.remove(lock)  # the evictor deletes the lock file, then lets go of it
+        os.close(evictor)
+        assert started.wait(10)  # downloading: under the lock of the file now at that name
+        assert lock.exists() and not _lockable(lock)
+    finally:
+        release.set()
+        download.join(10)
+    assert os.path.getsize(cache.path(shard)) == shard.bytes
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_names_the_cache_the_shard_and_the_limit(memory, tmp_path, monkeypatch, code):
+    shard = _shards(memory)[1]
+    cache = ShardCache(tmp_path / "c", 10**7)
+
+    def full(fd):  # where a full disk shows at the latest (NFS, delayed allocation)
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(ChuteError) as caught:
+        cache.local(memory, shard)
+    message = str(caught.value)
+    assert str(tmp_path / "c") in message and shard.name in message and memory in message
+    assert f"needs {shard.bytes} bytes" in message and os.strerror(code) in message
+    assert "cache_limit=10000000" in message and "--cache-limit" in message
+    assert not [name for name in os.listdir(tmp_path / "c") if name != "locks"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="Linux's lock table")
+def test_a_download_becomes_an_entry_under_the_space_lock(memory, tmp_path, monkeypatch):
+    """Else a claim listing the folder meanwhile counts it neither as a .part nor as an
+    entry, and passes the limit."""
+    shard = _shards(memory)[0]
+    cache = ShardCache(tmp_path / "c", 10**7)
+    started, release = _held_stream(monkeypatch)
+    download = threading.Thread(target=cache.local, args=(memory, shard))
+    download.start()
+    space = os.open(tmp_path / "c" / "locks" / ".space", os.O_RDWR | os.O_CREAT)
+    try:
+        assert started.wait(10)  # room claimed: a .part file is there
+        fcntl.flock(space, fcntl.LOCK_EX)  # another process claims room now
+        release.set()
+        inode = os.fstat(space).st_ino
+        _until(lambda: inode in _waiters({os.getpid()}), "the rename waits for the space lock")
+        assert not os.path.exists(cache.path(shard))
+        assert [name for name in os.listdir(tmp_path / "c") if name.endswith(".part")]
+    finally:
+        os.close(space)
+        release.set()
+        download.join(10)
+    assert os.path.getsize(cache.path(shard)) == shard.bytes

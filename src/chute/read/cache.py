@@ -14,6 +14,7 @@ converted again never reads an old copy::
     DIR/<sha256>.<pid>-<n>.part   a download under way, sized to the whole file at once
                                   (so the room it takes is counted from the start)
     DIR/locks/<sha256>            the entry's lock file: one downloader at a time
+                                  (deleted with the entry when it is evicted)
     DIR/locks/.space              the lock under which room is made and claimed
 
 A download is hashed while it streams, fsynced, and only then renamed (``os.replace``)
@@ -25,15 +26,20 @@ A download whose bytes differ from the manifest is fetched once more, then a Chu
 names the shard, the URL and both checksums.
 
 Locks are ``fcntl.flock``: the kernel drops them when a process dies, so none is ever
-left held. A downloader holds its entry's lock file: another process waits, then finds
-the entry. A reader (:meth:`ShardCache.open`) holds a shared lock on the entry itself
-while its file is open; eviction takes an exclusive one without waiting and skips the
-entry when it cannot, so **an entry being read is never deleted** (and a reader that
-finds its entry gone just after it locked it fetches it again). Readers close what they
-no longer read (:class:`~chute.read.grain.source.GrainSource` keeps at most half the
-limit open), or eviction could never free the disk. Without ``fcntl`` (Windows) there
-are no locks between processes: downloads stay atomic, two processes may fetch a shard
-twice, and eviction skips the files the system refuses to delete (open ones).
+left held. A forked child would share the open files its parent locks through (and keep
+the locks for its whole life): it closes its copies at the fork
+(``os.register_at_fork``), as a :class:`~chute.read.grain.source.GrainSource` closes the
+entries it holds open. The folder's accounting is done under ``locks/.space``: room
+claimed, evictions, and the renames that make a download an entry. A downloader holds
+its entry's lock file: another process waits, then finds the entry. A reader
+(:meth:`ShardCache.open`) holds a shared lock on the entry itself while its file is
+open; eviction takes an exclusive one without waiting and skips the entry when it
+cannot, so **an entry being read is never deleted** (and a reader that finds its entry
+gone just after it locked it fetches it again). Readers close what they no longer read
+(:class:`~chute.read.grain.source.GrainSource` keeps at most half the limit open), or
+eviction could never free the disk. Without ``fcntl`` (Windows) there are no locks
+between processes: downloads stay atomic, two processes may fetch a shard twice, and
+eviction skips the files the system refuses to delete (open ones).
 
 Past the limit, entries are evicted least recently used first (the entry's mtime, set
 on use at most every few seconds per process), except those the prefetch queue needs
@@ -53,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import glob
 import hashlib
 import itertools
@@ -87,8 +94,25 @@ _MARGIN = 1 << 30  # ... less this, left free for everything else
 _STALE_PART = 600.0  # without fcntl: a .part file untouched this long is a dead download
 _IN_MEMORY = frozenset({"ram", "memory"})  # stores in this process's memory: no cache
 _BINARY = getattr(os, "O_BINARY", 0)
+_FULL = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})  # disk or quota full
 _told: set[tuple[str, int]] = set()
 _numbers = itertools.count()
+# Every fd through which this process may hold a flock. A forked child shares the open file
+# description, so its copy would keep the lock for the child's whole life: it closes them
+# at once (which leaves the parent's lock as it is). A set, not a lock: one a parent
+# thread held at the fork would never be released in the child.
+_lock_fds: set[int] = set()
+
+
+def _close_lock_fds_in_child() -> None:
+    for fd in list(_lock_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_close_lock_fds_in_child)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +260,8 @@ class ShardCache:
 
     def local(self, location: str, shard: Shard) -> str:
         """The path of a verified whole copy of ``shard`` of dataset ``location``,
-        downloaded now if the cache does not hold it.
+        downloaded now if the cache does not hold it. Nothing holds it there: another
+        process may evict it before it is opened (:meth:`open` holds it).
 
         Raises:
             ChuteError: the shard is missing, or differs from the manifest twice.
@@ -249,7 +274,8 @@ class ShardCache:
 
     def open(self, location: str, shard: Shard) -> int:
         """A file descriptor (read-only) of the verified copy of ``shard``, holding it in
-        the cache until it is closed (a shared lock that eviction respects)."""
+        the cache until it is closed (a shared lock that eviction respects). A forked
+        child's copy of it holds the entry too: close it there (as GrainSource does)."""
         entry = _shard_entry(location, shard)
         for _ in range(3):
             path = self._ensure(entry)
@@ -366,13 +392,18 @@ class ShardCache:
                     _remove(dead)
             wrong = []
             for _ in range(2):
-                part = self._claim(entry, rank, ahead)
+                with self._no_room_is_said(entry):
+                    part = self._claim(entry, rank, ahead)
                 if part is None:
                     return None
                 try:
-                    digest, size = _stream(entry, part)
+                    with self._no_room_is_said(entry):
+                        digest, size = _stream(entry, part)
                     if (digest, size) == (entry.sha256, entry.size):
-                        os.replace(part, path)  # the name says it was verified
+                        # Under the space lock: a claim that lists the folder meanwhile
+                        # would count it as neither a .part nor an entry, and pass the limit.
+                        with _locked(self._space_lock()):
+                            os.replace(part, path)  # the name says it was verified
                         _sync_folder(self.directory)
                         log.debug("shard cache: fetched %s (%d bytes)", entry.url, size)
                         self._touch(entry.sha256, path)
@@ -390,6 +421,24 @@ class ShardCache:
         self._failed[entry.sha256] = error
         raise error
 
+    @contextlib.contextmanager
+    def _no_room_is_said(self, entry: _Entry) -> Iterator[None]:
+        """A full disk (or quota) while ``entry`` is written: a ChuteError that says how
+        much room it needs and where, not a bare ``[Errno 28]`` (the caller deletes the
+        ``.part`` file)."""
+        try:
+            yield
+        except OSError as error:
+            if error.errno not in _FULL:
+                raise
+            raise ChuteError(
+                f"The disk of the shard cache {self.directory} is full ({error.strerror}): "
+                f"{entry.name} of {entry.location!r} needs {entry.size} bytes "
+                f"({shown_size(entry.size)}) there. Free some room, pass a smaller cache_limit "
+                f"(--cache-limit) or another cache_dir (--cache-dir). Received: cache_limit="
+                f"{self.limit} ({shown_size(self.limit)}{self.limit_rule})"
+            ) from None
+
     def _claim(self, entry: _Entry, rank: int | None, ahead: int | None) -> str | None:
         """Under the space lock: room for ``entry`` made (evicting), and its ``.part``
         file made at its whole size. Fetching ``ahead``, never past the limit: None when
@@ -399,7 +448,7 @@ class ShardCache:
             with self._changed:
                 if any(waiting < rank for waiting in self._waiting):
                     return None
-        with _locked(os.path.join(self.directory, "locks", ".space")):
+        with _locked(self._space_lock()):
             held = _entries(self.directory, clean=True)
             used = sum(size for size, _ in held.values()) + _parts(self.directory)
             excess = used + entry.size - self.limit
@@ -419,8 +468,12 @@ class ShardCache:
             part = os.path.join(
                 self.directory, f"{entry.sha256}.{os.getpid()}-{next(_numbers)}.part"
             )
-            with open(part, "wb") as handle:
-                handle.truncate(entry.size)  # counted whole from now on
+            try:
+                with open(part, "wb") as handle:
+                    handle.truncate(entry.size)  # counted whole from now on
+            except OSError:
+                _remove(part)
+                raise
         if strict:
             self._claimed(rank, ahead)
         return part
@@ -444,10 +497,14 @@ class ShardCache:
             if _delete_unused(os.path.join(self.directory, sha)):
                 freed += held[sha][0]
                 self._touched.pop(sha, None)
+                _delete_lock(self._lock_path(sha))  # else locks/ would grow without end
         return freed
 
     def _lock_path(self, sha256: str) -> str:
         return os.path.join(self.directory, "locks", sha256)
+
+    def _space_lock(self) -> str:
+        return os.path.join(self.directory, "locks", ".space")
 
     def _touch(self, sha256: str, path: str) -> None:
         """The entry's mtime set to now (its last use), at most every few seconds."""
@@ -537,14 +594,19 @@ def _dead(directory: str, part: os.DirEntry) -> bool:
     for ten minutes."""
     if fcntl is None:
         return time.time() - part.stat().st_mtime > _STALE_PART
-    fd = os.open(os.path.join(directory, "locks", part.name[:64]), os.O_RDWR | os.O_CREAT)
+    lock = os.path.join(directory, "locks", part.name[:64])
+    try:
+        fd = _open_lock(lock, os.O_RDWR)
+    except FileNotFoundError:  # a downloader makes it before its .part: none is under way
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Taken, but on a lock file deleted meanwhile: the new one may be a download's.
+        return _same_file(fd, lock)
     except BlockingIOError:
         return False
     finally:
-        os.close(fd)  # (releases the lock if it was taken)
-    return True
+        _close_lock(fd)  # (releases the lock if it was taken)
 
 
 def _delete_unused(path: str) -> bool:
@@ -558,7 +620,7 @@ def _delete_unused(path: str) -> bool:
             return False
         return True
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_lock(path, os.O_RDONLY)
     except FileNotFoundError:
         return True
     try:
@@ -569,20 +631,65 @@ def _delete_unused(path: str) -> bool:
     except FileNotFoundError:
         pass
     finally:
-        os.close(fd)
+        _close_lock(fd)
     return True
+
+
+def _delete_lock(path: str) -> None:
+    """Deletes lock file ``path`` of an evicted entry, only while holding it (a process
+    that waits for it then holds a deleted file: :func:`_locked` notices and retries);
+    left when in use (a later eviction deletes it)."""
+    if fcntl is None:
+        return  # (nothing to hold it by: the file is left, as small as a name)
+    try:
+        fd = _open_lock(path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _same_file(fd, path):
+            os.remove(path)
+    except BlockingIOError:
+        pass
+    finally:
+        _close_lock(fd)
 
 
 @contextlib.contextmanager
 def _locked(path: str) -> Iterator[None]:
     """Holds lock file ``path`` exclusively (flock: released if this process dies)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | _BINARY, 0o644)
-    try:
-        if fcntl is not None:
+    while True:
+        fd = _open_lock(path, os.O_RDWR | os.O_CREAT)
+        if fcntl is None:
+            break
+        try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            _close_lock(fd)
+            raise
+        # Deleted by an eviction while this process waited for it: no lock of the entry's.
+        if _same_file(fd, path):
+            break
+        _close_lock(fd)
+    try:
         yield
     finally:
-        os.close(fd)
+        _close_lock(fd)
+
+
+def _open_lock(path: str, flags: int) -> int:
+    """An fd to flock ``path`` through, listed so that a forked child closes its copy."""
+    fd = os.open(path, flags | _BINARY, 0o644)
+    _lock_fds.add(fd)
+    return fd
+
+
+def _close_lock(fd: int) -> None:
+    if fcntl is not None:  # released first: a fork before the close leaves the child none
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    _lock_fds.discard(fd)  # before the close: the number may be reused at once
+    os.close(fd)
 
 
 def _same_file(fd: int, path: str) -> bool:

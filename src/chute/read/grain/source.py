@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import logging
 import operator
 import os
 import threading
+import weakref
 from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +56,19 @@ from chute.read.cache import ShardCache
 log = logging.getLogger(__name__)
 _PREAD = hasattr(os, "pread")  # not on Windows
 _REMOTE_THREADS = 16  # record indexes on a bucket are read in parallel
+_OPEN_TRIES = 3  # a cached copy evicted between its download and its open: fetched again
+# Every source of this process: a forked child closes their files at once, not at its first
+# read (it may never read: a copy of a shard cache entry held open keeps it from eviction).
+_sources: weakref.WeakSet[GrainSource] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for source in list(_sources):
+        source._reopen()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_forked)
 
 
 def grain_source(
@@ -132,6 +147,17 @@ class GrainSource:
         # shard -> [fd of its cached copy, reads under way], least recently opened first
         self._held: collections.OrderedDict[int, list[int]] = collections.OrderedDict()
         self._prefetching = False
+        _sources.add(self)
+
+    def _reopen(self) -> None:
+        """In a forked child: the parent's files closed (this process's copies only; the
+        parent's stay open), per-process state made anew."""
+        if getattr(self, "_pid", None) in (None, os.getpid()):
+            return
+        for fd in [*self._fds.values(), *(held[0] for held in self._held.values())]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._open()
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -178,9 +204,7 @@ class GrainSource:
 
     def _read(self, shard: int, offset: int, size: int) -> bytes:
         if os.getpid() != self._pid:  # a forked process: files of its own, not its parent's
-            for fd in [*self._fds.values(), *(held[0] for held in self._held.values())]:
-                os.close(fd)  # this process's copy; the parent's stays open
-            self._open()
+            self._reopen()  # (done at the fork already where os.register_at_fork exists)
         try:
             if self.cache is not None and _PREAD:
                 data = self._read_cached(shard, offset, size)
@@ -255,10 +279,10 @@ class GrainSource:
             handles = self._threads.handles = {}
         if shard not in handles:
             # One handle per thread: a seek then a read on a shared handle would race.
-            path = self._paths[shard]
-            if self.cache is not None:  # (no pread here: Windows)
-                path = self.cache.local(self.location, self._shards[shard])
-            handles[shard] = storage.open_file(path, "rb")
+            if self.cache is None:
+                handles[shard] = storage.open_file(self._paths[shard], "rb")
+            else:  # (no pread here: Windows)
+                handles[shard] = _open_cached(self.cache, self.location, self._shards[shard])
         return handles[shard]
 
     def close(self) -> None:
@@ -329,10 +353,30 @@ def _indexes(
         return list(pool.map(lambda shard: record_index.load(location, shard), shards))
 
 
+def _open_cached(
+    cache: ShardCache, location: str, shard: Shard, *, index: bool = False
+) -> IO[bytes]:
+    """The cached copy of ``shard`` (or of its record index) open for reading, fetched
+    again when another process evicts it between its download and this open (an open
+    file stays readable when it is evicted: only the open can miss it)."""
+    for _ in range(_OPEN_TRIES):
+        path = cache.local_index(location, shard) if index else cache.local(location, shard)
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            continue
+    what = f"The record index of {shard.name}" if index else shard.name
+    raise ChuteError(
+        f"{what} of {location!r} was evicted from the shard cache {cache.directory} "
+        f"{_OPEN_TRIES} times before it could be read: other readers hold the rest of it. "
+        f"Pass a larger cache_limit (--cache-limit). Received: cache_limit={cache.limit}"
+    )
+
+
 def _cached_index(cache: ShardCache, location: str, shard: Shard) -> record_index.RecordIndex:
     """A shard's record index read from the cache (which checked its sha256), checked
     against the manifest's record count and shard size."""
-    with open(cache.local_index(location, shard), "rb") as handle:
+    with _open_cached(cache, location, shard, index=True) as handle:
         data = handle.read()
     where = f"the record index of {shard.name} in {location!r}"
     index = record_index.RecordIndex.from_bytes(data, where)
