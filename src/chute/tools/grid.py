@@ -6,17 +6,20 @@ in a font on the machine that can draw them, else with the label index alone.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
+from collections.abc import Iterator
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from chute import checks
+from chute.errors import ChuteError
 from chute.fit.plots import caption, save_png
 from chute.format import manifest as manifest_lib
-from chute.format import parse, records, storage
+from chute.format import parse, records, remote, storage
 
 log = logging.getLogger(__name__)
 _TITLE_HEIGHT = 24  # the title row, drawn when some classes are left out
@@ -26,8 +29,10 @@ def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], pe
     wanted = {label: [] for label in classes}
     channels = manifest.image.channels
     for path in manifest.shard_paths(split):
-        # read in plain Python (no TensorFlow), so a dataset in any bucket fsspec reaches too
-        with storage.open_file(path, "rb") as handle:
+        # read in plain Python (no TensorFlow), so a dataset in any bucket fsspec reaches too;
+        # a store's refusal part-way is one line, as when the shard is opened
+        errors = contextlib.nullcontext() if storage.is_local(path) else remote.errors(path)
+        with errors, storage.open_file(path, "rb") as handle, _naming(manifest.location, path):
             for record in parse.read_records(handle):
                 example = parse.record_values(record)
                 label = int(example[records.CLASS])
@@ -37,6 +42,19 @@ def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], pe
                 if all(len(v) >= per_class for v in wanted.values()):
                     return wanted
     return wanted
+
+
+@contextlib.contextmanager
+def _naming(location: str, path: str) -> Iterator[None]:
+    """A damaged record's error ("the file ends inside a record's header") names the
+    shard and the dataset it is in."""
+    try:
+        yield
+    except ChuteError as error:
+        raise ChuteError(
+            f"{storage.basename(path)} of {location!r} is damaged: {error}. Check the "
+            f"dataset with `chute verify {location}`"
+        ) from None
 
 
 def _image(example: dict, channels: int, encoding: str) -> Image.Image:
