@@ -1,14 +1,13 @@
-"""az:// and abfs:// through fsspec (adlfs): which paths go there, what to install, the
+"""az:// and abfs:// through fsspec (adlfs): which paths go there, the
 one-line errors (no credentials, refusals, no secret shown), and a round trip against
 Azurite on 127.0.0.1 (tests/object_stores.py's azure_endpoint; skipped where the Azurite
-binary, a Node program, is not installed). No network, no cloud account.
+binary, a Node program, is not installed). What to install without adlfs is in
+test_stores.py, with the other stores'. No network, no cloud account.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from helpers import make_folder, run_here
@@ -80,17 +79,6 @@ def test_refusals_are_one_line_and_never_show_a_secret(no_azure, monkeypatch):
         assert words in message and url in message and "\n" not in message, message
         assert KEY not in message and "sig=abc" not in message, message
         assert "AZURE_STORAGE_CONNECTION_STRING" in message
-
-
-def test_without_adlfs_the_cli_says_what_to_install_in_one_line():
-    code = (
-        "import sys; sys.modules['adlfs'] = None  # as if it were not installed\n"
-        "from chute.cli import main\n"
-        "sys.exit(main(['inspect', 'az://data/shards']))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert "pip install 'chute[azure]'" in done.stderr and "az://data/shards" in done.stderr
 
 
 def test_a_round_trip_through_azurite(azure_endpoint, tmp_path):
