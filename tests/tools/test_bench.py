@@ -43,6 +43,22 @@ def test_ratios_divide_chute_passes_by_each_baselines_faster_pass():
     )
 
 
+def test_per_cpu_second_ratios_divide_chute_s_first_pass_by_each_baseline_s_best():
+    rows = [
+        bench.Row("chute.load (pass 1: shards; pass 2: cache)", 1000, [2.0, 0.5], cpu=[2, 1]),
+        bench.Row("chute.load, no cache", 1000, [4.0, 2.5], cpu=[4.0, 5.0]),
+        bench.Row("chute.image_dataset_from_directory", 1000, [5.0, 4.0], cpu=[5, 5]),
+        bench.Row(KERAS, 1000, [10.0, 8.0], cpu=[20.0, 10.0]),
+        bench.Row(IDG, 1000, [20.0, 25.0], cpu=[40.0, 50.0]),
+        bench.Row("in-memory Dataset.from_tensor_slices (baseline)", 1000, [0.4, 0.25]),
+    ]
+    assert rows[1].per_cpu_second == [250.0, 200.0]
+    ratios = bench._ratios(rows)
+    # chute without a cache: 250 images per CPU-second; keras at best 100, IDG 25
+    assert ratios[f"chute.load first pass per CPU-second / {KERAS}"] == pytest.approx(2.5)
+    assert ratios[f"chute.load first pass per CPU-second / {IDG}"] == pytest.approx(10.0)
+
+
 def test_ratios_leave_out_a_baseline_that_did_not_run():
     rows = [
         bench.Row("chute.load (pass 1: shards; pass 2: cache)", 100, [1.0, 1.0]),
@@ -106,6 +122,10 @@ def test_bench_times_every_loader_and_reports_figures_that_follow_from_the_timin
         assert row["images_per_s"] == pytest.approx([_rate(row, 0), _rate(row, 1)], rel=1e-3, abs=1)
         # the mean passes times the rounds: at least the minimum (to the microsecond)
         assert row["rounds"] * sum(row["seconds"]) >= 0.3 - 1e-5, row
+        # images per CPU-second of this process's threads: some CPU was spent on each pass
+        assert len(row["cpu_seconds"]) == 2 and min(row["cpu_seconds"]) > 0, row
+        per_cpu = [row["images"] / c for c in row["cpu_seconds"]]
+        assert row["images_per_cpu_s"] == pytest.approx(per_cpu, rel=1e-3, abs=1)
 
     # Each ratio recomputed from the timings the JSON reports (to the microsecond).
     load = figures["loaders"][0]
@@ -120,8 +140,13 @@ def test_bench_times_every_loader_and_reports_figures_that_follow_from_the_timin
         / best["in-memory Dataset.from_tensor_slices"],
         f"chute drop-in / {KERAS}": best["chute.image_dataset_from_directory"] / best[KERAS],
     }
+    no_cache = rows["chute.load, no cache"]
+    expected[f"chute.load first pass per CPU-second / {KERAS}"] = (
+        no_cache["images"] / no_cache["cpu_seconds"][0]
+    ) / max(rows[KERAS]["images"] / c for c in rows[KERAS]["cpu_seconds"])
     for name, value in expected.items():
         assert figures["ratios"][name] == pytest.approx(value, rel=0.02, abs=0.01), name
+    assert "img/CPU-s" in result.stdout
 
     model = figures["model"]
     assert model["model"] == "kannada-cnn"
@@ -143,12 +168,19 @@ def test_bench_rejects_a_source_that_is_not_a_folder(tmp_path):
 
 
 def test_rounds_repeat_until_the_minimum_duration_and_average_each_pass():
-    reported = iter([(16, [0.1, 0.3], 0.05), (16, [0.2, 0.1], 0.01), (16, [0.3, 0.2], 0.03)])
-    images, seconds, build, rounds = bench._rounds(lambda: next(reported), min_seconds=1.0)
+    reported = iter(
+        [
+            (16, [0.1, 0.3], 0.05, [0.2, 0.6]),
+            (16, [0.2, 0.1], 0.01, [0.4, 0.3]),
+            (16, [0.3, 0.2], 0.03, [0.6, 0.3]),
+        ]
+    )
+    images, seconds, build, rounds, cpu = bench._rounds(lambda: next(reported), min_seconds=1.0)
     # 0.4 s, then 0.7 s, then 1.2 s >= 1.0 s: three rounds, each pass the mean of three
     assert (images, rounds) == (16, 3)
     assert seconds == pytest.approx([0.2, 0.2]) and build == pytest.approx(0.03)
-    one = iter([(16, [0.5, 0.7], 0.0)])
+    assert cpu == pytest.approx([0.4, 0.4])
+    one = iter([(16, [0.5, 0.7], 0.0, [0.5, 0.7])])
     assert bench._rounds(lambda: next(one), min_seconds=1.0)[3] == 1  # 1.2 s: enough
 
 

@@ -45,15 +45,23 @@ COLOR_MODES = ("grayscale", "rgb")
 
 @dataclasses.dataclass
 class Row:
-    """One loader's passes: images per pass and seconds per pass (pass 1
-    includes ``build``, the seconds spent creating the dataset), each the mean
-    of ``rounds`` rounds."""
+    """One loader's passes: images per pass, seconds per pass (pass 1 includes
+    ``build``, the seconds spent creating the dataset) and CPU-seconds per pass (of
+    every thread of this process: what reading cost the host), each the mean of
+    ``rounds`` rounds."""
 
     name: str
     images: int
     seconds: list[float]
     build: float = 0.0
     rounds: int = 1
+    cpu: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def per_cpu_second(self) -> list[float]:
+        """Images per CPU-second of each pass: steady on a busy machine, where images
+        per second are not, and what a small host feeding an accelerator runs out of."""
+        return [self.images / c if c > 0 else 0.0 for c in self.cpu]
 
     @property
     def rates(self) -> list[float]:
@@ -66,36 +74,49 @@ class Row:
         return max(self.rates)
 
 
-def _timed_passes(make: Callable, passes: int = 2) -> tuple[int, list[float], float]:
+def _cpu() -> float:
+    """CPU-seconds of this process (every thread) and of its children that ended."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def _timed_passes(make: Callable, passes: int = 2) -> tuple[int, list[float], float, list[float]]:
     """Creates the dataset (timed with the first pass, and on its own) and
-    iterates it ``passes`` times."""
+    iterates it ``passes`` times: ``(images, seconds per pass, build, CPU per pass)``."""
     with collector.paused(collect_first=True):  # as timeit does
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), _cpu()
         dataset = make()
         build = time.perf_counter() - started
-        seconds, images = [], 0
+        seconds, cpu, images = [], [], 0
         for _ in range(passes):
             images = 0
             for batch in dataset:
                 # Counted from the batches: a short last batch counts as it is.
                 images += int(batch[0].shape[0])
             seconds.append(time.perf_counter() - started)
-            started = time.perf_counter()
-    return images, seconds, build
+            cpu.append(_cpu() - cpu_started)
+            started, cpu_started = time.perf_counter(), _cpu()
+    return images, seconds, build, cpu
 
 
-def _rounds(one_round: Callable, min_seconds: float) -> tuple[int, list[float], float, int]:
-    """``one_round()`` (``(images, seconds per pass, build)``) repeated until the passes
-    took ``min_seconds`` in all: ``(images, mean seconds per pass, mean build, rounds)``."""
+def _rounds(
+    one_round: Callable, min_seconds: float
+) -> tuple[int, list[float], float, int, list[float]]:
+    """``one_round()`` (``(images, seconds per pass, build, CPU per pass)``) repeated
+    until the passes took ``min_seconds`` in all: ``(images, mean seconds per pass, mean
+    build, rounds, mean CPU-seconds per pass)``."""
     totals: list[float] = []
+    cpu_totals: list[float] = []
     builds, rounds, spent = 0.0, 0, 0.0
     while True:
-        images, seconds, build = one_round()
+        images, seconds, build, cpu = one_round()
         # Whole rounds until min_seconds: one round alone is at the mercy of a busy machine.
         totals = [t + s for t, s in zip(totals, seconds, strict=True)] if totals else seconds
+        cpu_totals = [t + c for t, c in zip(cpu_totals, cpu, strict=True)] if cpu_totals else cpu
         builds, rounds, spent = builds + build, rounds + 1, spent + sum(seconds)
         if spent >= min_seconds:
-            return images, [t / rounds for t in totals], builds / rounds, rounds
+            means = [t / rounds for t in totals]
+            return images, means, builds / rounds, rounds, [c / rounds for c in cpu_totals]
 
 
 def _idg_class():
@@ -109,20 +130,21 @@ def _idg_class():
 
 
 def _idg_passes(generator, src: str, size: tuple[int, int], color_mode: str, batch: int):
-    """One round of ``flow_from_directory``: ``(images, seconds per pass, 0.0)``; its
-    creation counts in pass 1, as before."""
+    """One round of ``flow_from_directory``: ``(images, seconds per pass, 0.0, CPU per
+    pass)``; its creation counts in pass 1, as before."""
     with collector.paused(collect_first=True):  # as timeit does
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), _cpu()
         flow = generator().flow_from_directory(
             src, target_size=size, color_mode=color_mode, batch_size=batch, class_mode="sparse"
         )
-        seconds = []
+        seconds, cpu = [], []
         for _ in range(2):
             for _ in range(len(flow)):
                 next(flow)
             seconds.append(time.perf_counter() - started)
-            started = time.perf_counter()
-    return flow.samples, seconds, 0.0
+            cpu.append(_cpu() - cpu_started)
+            started, cpu_started = time.perf_counter(), _cpu()
+    return flow.samples, seconds, 0.0, cpu
 
 
 def run(
@@ -216,6 +238,8 @@ def run(
                 "seconds": [round(s, 6) for s in r.seconds],
                 "build_seconds": round(r.build, 6),
                 "images_per_s": [round(x) for x in r.rates],
+                "cpu_seconds": [round(c, 6) for c in r.cpu],
+                "images_per_cpu_s": [round(x) for x in r.per_cpu_second],
                 "rounds": r.rounds,
             }
             for r in rows
@@ -256,6 +280,15 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         if baseline in by_name:
             name = f"chute.load first pass without building the dataset / {baseline}"
             ratios[name] = reading / by_name[baseline].best
+    # Per CPU-second: the host's cost of an image, whatever else the machine runs.
+    for baseline in (
+        "keras image_dataset_from_directory",
+        "tf_keras ImageDataGenerator.flow_from_directory",
+    ):
+        if baseline in by_name and max(by_name[baseline].per_cpu_second, default=0) > 0:
+            ratios[f"chute.load first pass per CPU-second / {baseline}"] = by_name[
+                "chute.load, no cache"
+            ].per_cpu_second[0] / max(by_name[baseline].per_cpu_second)
     ratios["chute.load cached pass / from_tensor_slices"] = (
         cached / by_name["in-memory Dataset.from_tensor_slices"].best
     )
@@ -366,12 +399,16 @@ def table(figures: dict) -> str:
         f"each loader timed for at least {figures.get('min_seconds', 0):g} s: rounds of "
         "(create, pass 1, pass 2), each pass the mean of its rounds",
         "",
-        f"{'loader':<52} {'pass 1 img/s':>13} {'pass 2 img/s':>13} {'rounds':>7}",
+        f"{'loader':<52} {'pass 1 img/s':>13} {'pass 2 img/s':>13} {'img/CPU-s':>10} {'rounds':>7}",
     ]
     for row in figures["loaders"]:
         rates = row["images_per_s"]
         rounds = row.get("rounds", 1)
-        lines.append(f"{row['name']:<52} {rates[0]:>13,} {rates[-1]:>13,} {rounds:>7}")
+        # The pass without a cache's help: pass 1 (figures from before had none).
+        per_cpu = (row.get("images_per_cpu_s") or [0])[0]
+        lines.append(
+            f"{row['name']:<52} {rates[0]:>13,} {rates[-1]:>13,} {per_cpu:>10,} {rounds:>7}"
+        )
     lines.append("")
     lines += [f"{name}: {value}x" for name, value in figures["ratios"].items()]
     if "model" in figures:
