@@ -6,7 +6,7 @@ BIN = $(VENV)/bin
 # pytest-xdist workers: one per core (CI machines have 2).
 WORKERS ?= auto
 
-.PHONY: demo test test-fast lint format bench clean
+.PHONY: demo test test-fast lint format bench bench-remote clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,12 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_reader.py --json benchmarks/results/reader.json
 	$(BIN)/python benchmarks/bench_photos.py --json benchmarks/results/photos.json
 	$(BIN)/python benchmarks/bench_service.py --json benchmarks/results/service.json
+
+# chute's Grain engine on an S3 bucket 20 ms away (moto + a latency proxy) against local
+# disk and MosaicML Streaming (installed into a virtualenv of its own, never into .venv).
+bench-remote: $(BIN)/.installed
+	mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/bench_remote.py --rounds 2 --json benchmarks/results/remote.json
 
 clean:
 	rm -rf $(VENV) chute-demo .pytest_cache
