@@ -318,3 +318,20 @@ def test_only_backups_that_count_examples_resume_on_another_batch_size(
             rundir.prepare(tmp_path / "run", overwrite=False, started=now)
     else:
         assert rundir.prepare(tmp_path / "run", overwrite=False, started=now).resumed
+
+
+def test_a_stream_asks_the_cache_for_its_shards_before_reading_a_batch(shards, tmp_path):
+    """The shards are asked for from the calling process when a stream starts, so a
+    bucket's downloads overlap the start of Grain's workers: they arrive with no batch read."""
+    import time
+
+    import fsspec
+
+    fsspec.filesystem("memory").put(str(shards), "/ahead/shards", recursive=True)
+    train = _load("memory://ahead/shards", 8, cache_dir=str(tmp_path / "cache"))
+    wanted = {shard.sha256 for shard in chute.load_manifest(shards).split("train").shards}
+    train.batches.fetch_ahead(StreamPosition(0))
+    deadline = time.monotonic() + 20
+    while not wanted <= {p.name for p in (tmp_path / "cache").iterdir()}:
+        assert time.monotonic() < deadline, "the shards were not fetched ahead"
+        time.sleep(0.02)

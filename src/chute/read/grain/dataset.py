@@ -182,6 +182,20 @@ class Batches:
             self._block_plans[epoch] = blocks
         return blocks
 
+    def fetch_ahead(self, start: StreamPosition) -> None:
+        """Asks the shard cache for what a stream from ``start`` reads first (training;
+        evaluation: its shards in order), from this process: the downloads then overlap
+        the start of Grain's worker processes, which would ask only once running."""
+        if self.source.cache is None:
+            return
+        if not self.plan.training:
+            self._upcoming(self._first_use(self.records))
+        elif self.window is None:
+            self.draw(start.epoch)  # asks for every shard, in the order of first use
+        else:
+            first = start.batch * self.global_batch + self.share.index * self.plan.batch_size
+            self._prefetch_blocks(start.epoch, first + start.offset)
+
     def records_of(self, number: int) -> np.ndarray:
         """The record numbers of batch ``number`` (evaluation: -1 for padding)."""
         size = self.plan.batch_size
@@ -431,6 +445,7 @@ def _dataset_class():
             if self.plan.training and start.offset:
                 source = copy.copy(source)  # this stream's own: its first epoch starts later
                 source.offset = (start.epoch, start.offset)
+            source.fetch_ahead(start)  # a bucket's shards download while workers start
             batches = grain.MapDataset.source(source)
             if self.plan.training:
                 # every batch is a pure function of its number: the stream is a slice
