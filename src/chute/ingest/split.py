@@ -2,7 +2,9 @@
 
 Each class gives the same share of its images to val and test (the global
 counts are exact: remainders go to the classes with the largest fractional
-parts), and every class keeps at least one training image.
+parts), and every class keeps at least one training image. Multi-label items
+(``labels`` set) are dealt by iterative stratification instead
+(:mod:`chute.ingest.stratify`): every label keeps its share, exact totals.
 
 Identical images (same content hash) never sit on both sides of a split:
 :class:`LeakGuard` sees every record as it is written, train first, and drops
@@ -20,8 +22,10 @@ from collections.abc import Sequence
 
 from chute.errors import ChuteError
 from chute.ingest.sources.base import SPLITS, Item
+from chute.ingest.stratify import stratified_multilabel
 
 _RANK = {name: rank for rank, name in enumerate(SPLITS)}  # train outranks val outranks test
+Label = int | tuple[int, ...]  # a record's class, or a multi-label record's classes
 
 
 @dataclasses.dataclass
@@ -84,11 +88,12 @@ def split_items(
     """Assigns usable items to splits.
 
     Items that carry a split (a pre-split source) keep it; fractions carve
-    the splits the source lacks out of its train split.
+    the splits the source lacks out of its train split: per class for
+    single-label items, by iterative stratification when items carry ``labels``.
 
     Raises:
         ChuteError: a fraction is asked for a split the source already has, or
-            a class is left with no training image.
+            a class (a label, for multi-label items) is left with no training image.
     """
     present = {item.split for item in items if item.split}
     for name, fraction in (("val", val_fraction), ("test", test_fraction)):
@@ -98,16 +103,57 @@ def split_items(
                 f"Received: {name}_fraction={fraction}; pass 0 to keep the source's split"
             )
     by_split: dict[str, list[int]] = defaultdict(list)
-    train_by_class: list[list[int]] = [[] for _ in class_names]
+    pool = []  # usable items of the source's train split (or of no split): carved up below
     for index, item in enumerate(items):
         if not usable[index]:
             continue
         split = item.split or "train"
         if split == "train":
-            train_by_class[item.label].append(index)
+            pool.append(index)
         else:
             by_split[split].append(index)
+    if any(item.labels is not None for item in items):
+        _carve_multi_label(items, pool, by_split, class_names, val_fraction, test_fraction, seed)
+        # A label any image carries (usable or refused) needs a training image.
+        wanted = {c for item in items for c in _label_set(item)}
+        present = {c for i in by_split["train"] for c in _label_set(items[i])}
+    else:
+        _carve_per_class(items, pool, by_split, class_names, val_fraction, test_fraction, seed)
+        wanted = set(range(len(class_names)))
+        present = {items[i].label for i in by_split["train"]}
+    missing = sorted({class_names[c] for c in wanted} - {class_names[c] for c in present})
+    if missing:
+        raise NoTrainingImages(missing)
 
+    ordered: dict[str, list[int]] = {}
+    for name in SPLITS:
+        members = sorted(by_split.get(name, []), key=lambda i: items[i].key)
+        if members:
+            random.Random(f"{seed}/order/{name}").shuffle(members)  # class-mixed shards
+            ordered[name] = members
+    return Split(ordered)
+
+
+def _label_set(item: Item) -> tuple[int, ...]:
+    """The classes an item carries: its ``labels``, or its one ``label``."""
+    if item.labels is not None:
+        return item.labels
+    return (item.label,) if item.label >= 0 else ()
+
+
+def _carve_per_class(
+    items: Sequence[Item],
+    pool: list[int],
+    by_split: dict[str, list[int]],
+    class_names: Sequence[str],
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+) -> None:
+    """Single-label: each class gives its share of ``pool`` to val and test."""
+    train_by_class: list[list[int]] = [[] for _ in class_names]
+    for index in pool:
+        train_by_class[items[index].label].append(index)
     sizes = [len(members) for members in train_by_class]
     rng = random.Random(f"{seed}/allocate")
     # Capped at n - 1: every class keeps at least one training image.
@@ -124,20 +170,28 @@ def split_items(
         by_split["test"] += members[val[label] : val[label] + test[label]]
         by_split["train"] += members[val[label] + test[label] :]
 
-    missing = sorted(
-        {class_names[i] for i in range(len(class_names))}
-        - {class_names[items[i].label] for i in by_split["train"]}
-    )
-    if missing:
-        raise NoTrainingImages(missing)
 
-    ordered: dict[str, list[int]] = {}
-    for name in SPLITS:
-        members = sorted(by_split.get(name, []), key=lambda i: items[i].key)
-        if members:
-            random.Random(f"{seed}/order/{name}").shuffle(members)  # class-mixed shards
-            ordered[name] = members
-    return Split(ordered)
+def _carve_multi_label(
+    items: Sequence[Item],
+    pool: list[int],
+    by_split: dict[str, list[int]],
+    class_names: Sequence[str],
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+) -> None:
+    """Multi-label: ``pool`` dealt by iterative stratification (every label keeps its
+    share in val and test, and a training image)."""
+    carved = stratified_multilabel(
+        [_label_set(items[i]) for i in pool],
+        [items[i].key for i in pool],
+        len(class_names),
+        val_fraction=val_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
+    for name, positions in carved.items():
+        by_split[name] += [pool[p] for p in positions]
 
 
 class LeakGuard:
@@ -154,11 +208,14 @@ class LeakGuard:
     """
 
     def __init__(self) -> None:
-        self._first: dict[bytes, tuple[str, str, int]] = {}  # digest -> split, key, label
-        self._copies: dict[bytes, list[tuple[str, str, int, bool]]] = {}
+        self._first: dict[bytes, tuple[str, str, Label]] = {}  # digest -> split, key, label
+        self._copies: dict[bytes, list[tuple[str, str, Label, bool]]] = {}
 
-    def admit(self, digest: bytes, key: str, label: int, split: str) -> bool:
-        """Whether the record may be written to ``split``."""
+    def admit(self, digest: bytes, key: str, label: int | Sequence[int], split: str) -> bool:
+        """Whether the record may be written to ``split``; ``label`` is the class, or the
+        classes of a multi-label record."""
+        if isinstance(label, (list, tuple)):
+            label = tuple(label)  # hashable, and a list (say, read back from JSON) too
         first = self._first.setdefault(digest, (split, key, label))
         if first == (split, key, label):
             return True
@@ -176,7 +233,11 @@ class LeakGuard:
                     "sha256": digest.hex(),
                     "keys": [key for _, key, _, _ in copies],
                     "splits": [split for split, _, _, _ in copies],
-                    "labels": sorted({label for _, _, label, _ in copies}),
+                    # The distinct labels, or the distinct label sets (as lists).
+                    "labels": [
+                        list(label) if isinstance(label, tuple) else label
+                        for label in sorted({label for _, _, label, _ in copies})
+                    ],
                     "dropped": [key for _, key, _, keep in copies if not keep],
                 }
             )
