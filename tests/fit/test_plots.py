@@ -125,3 +125,37 @@ def test_heat_map_shows_each_count_and_a_colour_scale(tmp_path, monkeypatch):
     assert (np.diff(shades) >= 0).all()  # lighter all the way down
     labels = [text for (x, _), text in drawn if x > bar]
     assert "5" in labels and "0" in labels  # its ends, labelled
+
+
+def test_precision_recall_draws_the_most_frequent_labels_and_the_micro_average(
+    tmp_path, monkeypatch
+):
+    drawn = _texts(monkeypatch)
+    rng = np.random.default_rng(0)
+    y = rng.random((60, 4)) < [0.5, 0.2, 0.0, 0.1]
+    scores = np.where(y, 0.6, 0.4) + rng.random((60, 4)) * [0.0, 0.3, 0.3, 0.5]
+    names = ["cat", "dog", "never", "a-very-long-label-name-that-cannot-fit-in-the-legend"]
+    path = plots.draw_precision_recall(y, scores, names, tmp_path / "pr.png", max_labels=2)
+    picture = np.asarray(Image.open(path).convert("RGB"))
+    assert picture.shape[1] == 760
+    texts = [text for _, text in drawn]
+    title = next(text for text in texts if text.startswith("precision-recall (val): mAP "))
+    assert title.endswith(", curves of the 2 most frequent of 3 labels")
+    assert "0: cat" in texts and "1: dog" in texts and "micro-average" in texts
+    assert "2: never" not in texts  # no positive: no curve
+    # cat is separated perfectly: precision 1 all the way, along the box's top edge
+    assert "AP 1.000" in texts
+    top_edge = picture[50:55, 50 : 50 + 380]
+    assert (top_edge == (0x1F, 0x77, 0xB4)).all(-1).any()
+
+
+def test_precision_recall_cuts_a_long_name_and_takes_the_labels_ap(tmp_path, monkeypatch):
+    drawn = _texts(monkeypatch)
+    y = np.array([[1, 0], [0, 1], [1, 1]])
+    scores = np.array([[0.9, 0.2], [0.4, 0.7], [0.6, 0.1]])
+    names = ["cat", "a-very-long-label-name-that-cannot-fit-in-the-legend-at-all"]
+    plots.draw_precision_recall(y, scores, names, tmp_path / "pr.png", ap=[0.25, 0.5])
+    texts = [text for _, text in drawn]
+    assert "AP 0.250" in texts and "AP 0.500" in texts
+    assert any(t.startswith("1: a-very") and t.endswith("...") for t in texts)
+    assert any(t.startswith("precision-recall (val): mAP 0.375") for t in texts)

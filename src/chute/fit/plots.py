@@ -1,4 +1,5 @@
-"""Training pictures: loss and accuracy curves, and the confusion of an evaluation.
+"""Training pictures: loss and accuracy curves, the confusion of an evaluation, and the
+precision-recall curves of a multi-label one.
 
 The confusion is a heat map up to :data:`HEAT_MAP_CLASSES` classes, else the
 most confused pairs, each with a sample image of both classes. Class names are
@@ -20,6 +21,7 @@ from functools import cache
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from chute.fit.multilabel import average_precision, precision_recall_curve
 from chute.format import storage
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,10 @@ _CAPTION_SIZE = 14
 _COUNT_SIZE = 11  # the counts in the confusion's cells
 HEAT_MAP_CLASSES = 30  # the confusion is a heat map up to this many classes, else pairs
 _THUMB = 48  # side of a sample image next to a confused pair
+PR_LABELS = 10  # the precision-recall picture draws this many labels' curves at most
+# Matplotlib's tab10: distinct at a glance, and familiar.
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+            "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
 
 
 # Cached: walking the font folders takes a while, and every caption asks.
@@ -283,4 +289,89 @@ def draw_confusion(
     draw.text((labels_x, top), str(peak), fill="black", font=_font(None), anchor="lt")
     draw.text((labels_x, top + scale_height), "0", fill="black", font=_font(None), anchor="lb")
     draw.text((5, 8), title, fill="black", font=_font(None))
+    return save_png(image, out_png)
+
+
+def _steps(recall: np.ndarray, precision: np.ndarray, *, most: int = 1000) -> list:
+    """A precision-recall curve as the steps average precision sums (precision ``P_n``
+    over recall from ``R_(n-1)`` to ``R_n``), thinned to about ``most`` points (a
+    picture has fewer pixels than a large split has scores)."""
+    if len(recall) > most:
+        keep = np.searchsorted(recall, np.linspace(0, 1, most + 1))
+        keep = np.unique(np.minimum(keep, len(recall) - 1))
+        recall, precision = recall[keep], precision[keep]
+    before = np.concatenate([[0.0], recall[:-1]])
+    return [xy for r0, r, p in zip(before, recall, precision, strict=True)
+            for xy in ((r0, p), (r, p))]  # fmt: skip
+
+
+def draw_precision_recall(
+    y_true,
+    scores,
+    class_names,
+    out_png: str | os.PathLike,
+    *,
+    split: str = "val",
+    max_labels: int = PR_LABELS,
+    ap=None,
+) -> str:
+    """Precision against recall: one curve per label for the ``max_labels`` labels with
+    the most positives, the micro-average (every label's examples pooled) in black on
+    top, each with its AP in the legend, the mAP in the title.
+
+    ``y_true`` is multi-hot and ``scores`` the model's, both ``(examples, labels)``;
+    ``ap``: the labels' average precision when already computed (as
+    :func:`chute.fit.multilabel.label_report` has it), else computed here.
+
+    Example:
+        >>> draw_precision_recall(y, scores, names, "pr-val.png")  # doctest: +SKIP
+        'pr-val.png'
+    """
+    y_true, scores = np.asarray(y_true), np.asarray(scores)
+    ap = average_precision(y_true, scores) if ap is None else np.asarray(ap, np.float64)
+    support = (y_true > 0.5).sum(0)
+    # The most frequent labels: their curves are the smoothest and matter to the most images.
+    shown = [i for i in np.argsort(-support, kind="stable")[:max_labels] if support[i] > 0]
+    font = _font(None)
+    side, left, top, legend_x = 380, 50, 52, 460
+    image, draw = _canvas(760, max(top + side + 40, top + 20 * (len(shown) + 2)))
+    box = (left, top, left + side, top + side)
+
+    def xy(r: float, p: float) -> tuple[float, float]:
+        return box[0] + side * r, box[3] - side * p
+
+    for tick in np.linspace(0, 1, 6):
+        x, y = xy(tick, tick)
+        draw.line((x, box[1], x, box[3]), fill="#e5e5e5")
+        draw.line((box[0], y, box[2], y), fill="#e5e5e5")
+        draw.text((x, box[3] + 4), f"{tick:.1f}", fill="black", font=font, anchor="mt")
+        draw.text((box[0] - 4, y), f"{tick:.1f}", fill="black", font=font, anchor="rm")
+    draw.rectangle(box, outline="black")
+    draw.text(((box[0] + box[2]) / 2, box[3] + 20), "recall", fill="black", font=font,
+              anchor="mt")  # fmt: skip
+    draw.text((5, top - 24), "precision", fill="black", font=font)
+    seen = support > 0
+    title = f"precision-recall ({split}): mAP " + (f"{ap[seen].mean():.3f}" if seen.any() else "-")
+    if len(shown) < int(seen.sum()):
+        title += f", curves of the {len(shown)} most frequent of {int(seen.sum())} labels"
+    draw.text((5, 6), title, fill="black", font=font)
+    entries = []  # (colour, line width, caption and its font, recall, precision, AP)
+    for n, label in enumerate(shown):
+        text, caption_font = caption(int(label), class_names[label])
+        curve = precision_recall_curve(y_true[:, label], scores[:, label])
+        entries.append((_PALETTE[n % len(_PALETTE)], 2, text, caption_font, *curve, ap[label]))
+    recall, precision = precision_recall_curve(y_true.ravel(), scores.ravel())
+    pooled = np.sum(np.diff(recall, prepend=0.0) * precision) if len(recall) else np.nan
+    entries.append(("black", 3, "micro-average", font, recall, precision, pooled))
+    for row, (colour, width, text, caption_font, recall, precision, figure) in enumerate(entries):
+        if len(recall):
+            draw.line([xy(r, p) for r, p in _steps(recall, precision)], fill=colour, width=width)
+        y = top + 20 * row
+        draw.line((legend_x, y + 7, legend_x + 20, y + 7), fill=colour, width=width)
+        room = image.width - 80 - (legend_x + 26)  # up to the AP figure
+        while caption_font.getlength(text) > room and len(text) > 8:
+            text = text[:-4] + "..."  # a long name is cut, one character a turn
+        draw.text((legend_x + 26, y), text, fill="black", font=caption_font)
+        ap_text = "AP -" if np.isnan(figure) else f"AP {figure:.3f}"
+        draw.text((image.width - 10, y), ap_text, fill="black", font=font, anchor="ra")
     return save_png(image, out_png)
