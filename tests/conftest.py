@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import FAST_TRAINING, make_folder, once_per_run
+from helpers import FAST_TRAINING, make_folder, once_per_run, write_multi_label_list
 
 # Object-store servers on 127.0.0.1 (s3_endpoint, gcs_endpoint): tests/object_stores.py
 pytest_plugins = ("object_stores",)
@@ -77,6 +77,21 @@ def train_data(tmp_path_factory) -> Path:
         chute.convert(src, root / "shards", image_size=16, val_fraction=0.25, workers=1)
 
     return once_per_run(tmp_path_factory, "train-data", build) / "shards"
+
+
+@pytest.fixture(scope="session")
+def multi_label_data(tmp_path_factory) -> Path:
+    """A converted multi-label dataset with sample weights, for read-only tests: 120
+    16x16 RGB PNGs labelled from ``helpers.MULTI_LABELS`` (about one in five a negative),
+    val_fraction 0.2 (train 96, val 24), from ``helpers.write_multi_label_list``."""
+
+    def build(root: Path) -> None:
+        import chute
+
+        listed = write_multi_label_list(root / "src")
+        chute.convert(listed, root / "out", val_fraction=0.2, allow_empty_labels=True, workers=1)
+
+    return once_per_run(tmp_path_factory, "multi-label", build) / "out"
 
 
 @pytest.fixture(scope="session")

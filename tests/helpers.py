@@ -281,3 +281,30 @@ def codelab_read_tfrecord(target_size: list[int]):
         return image, class_label
 
     return read_tfrecord
+
+
+MULTI_LABELS = ("red", "green", "blue", "stripes")
+
+
+def write_multi_label_list(root: Path, count: int = 120, *, seed: int = 0) -> Path:
+    """``root/list.csv`` (``path,labels,weight``) over ``count`` 16x16 RGB PNGs whose labels
+    show: a bright channel per colour label, white rows for ``stripes``; about one in five
+    carries no label (an empty cell: convert with ``allow_empty_labels=True``). Weights are
+    1, 2, 3 in turn. Returns the list's path."""
+    rng = np.random.default_rng(seed)
+    (root / "img").mkdir(parents=True, exist_ok=True)
+    rows = ["path,labels,weight"]
+    for i in range(count):
+        labels = [c for c in range(3) if rng.random() < 0.4]
+        image = np.full((16, 16, 3), 30, np.int64)
+        for c in labels:
+            image[..., c] = 220
+        if rng.random() < 0.25:
+            image[::4] = 255
+            labels.append(3)
+        image += rng.integers(-10, 10, image.shape)
+        Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(root / f"img/{i:03d}.png")
+        names = "|".join(MULTI_LABELS[c] for c in labels)
+        rows.append(f"img/{i:03d}.png,{names},{1 + i % 3}.0")
+    (root / "list.csv").write_text("\n".join(rows) + "\n")
+    return root / "list.csv"

@@ -277,3 +277,26 @@ def test_every_manifest_chute_writes_passes_the_checks(shared_dataset, tmp_path)
             body.pop(key)
 
     assert manifest_lib.load(_tampered(shared_dataset, tmp_path, older)).num_examples("val") == 6
+
+
+def test_multi_label_and_weighted_manifests_say_so_and_plain_ones_stay_version_3(tmp_path):
+    import json
+
+    from chute.format.manifest import Manifest
+    from chute.format.spec import ImageSpec
+
+    def made(**fields):
+        return Manifest(
+            class_names=["a", "b"], image=ImageSpec(8, 8, 1), options={},
+            splits={"train": {"num_examples": 0, "class_counts": [0, 0], "shards": []}},
+            source={}, location=str(tmp_path), **fields,
+        )  # fmt: skip
+
+    plain = json.loads(made().to_json())
+    assert plain["version"] == 3 and "label_mode" not in plain and "weighted" not in plain
+    multi = made(label_mode="multi", weighted=True)
+    body = json.loads(multi.to_json())
+    assert body["version"] == 4 and body["label_mode"] == "multi" and body["weighted"] is True
+    assert Manifest.from_json(multi.to_json()).multi_label
+    with pytest.raises(ChuteError, match=r"`label_mode`.*'single', 'multi'.*Received.*'tags'"):
+        made(label_mode="tags")

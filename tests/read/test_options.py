@@ -21,7 +21,11 @@ from chute.read.options import resolve
         ("image_size", (0, 4), "a positive integer H"),
         ("image_size", "big", "a positive integer H"),
         ("dtype", "float16", "one of {'uint8', 'float32', 'bfloat16'}"),
-        ("label_mode", "sparse", "one of {'int', 'categorical', 'binary', None}"),
+        (
+            "label_mode",
+            "sparse",
+            "one of {'auto', 'int', 'categorical', 'binary', 'multi_hot', None}",
+        ),
         ("augment", ["flip", "swirl"], "names from"),  # the name at fault is the one received
         ("augment", 3, "a list of names"),
         ("augment_on", "gpu", "one of {'host', 'device'}"),
@@ -55,7 +59,7 @@ def test_each_bad_value_names_the_option_the_value_and_what_is_allowed(name, val
 
 def test_options_that_exclude_each_other_are_refused_naming_both():
     with pytest.raises(ChuteError, match=r"needs label_mode='categorical'.*label_mode='int'"):
-        LoadOptions(augment=["mixup"])
+        LoadOptions(augment=["mixup"], label_mode="int")
     with pytest.raises(ChuteError, match=r"`pad_final_batch` applies to evaluation"):
         LoadOptions(pad_final_batch=True, training=True)
     with pytest.raises(ChuteError, match=r"`pad_final_batch`.*needs labels.*label_mode=None"):

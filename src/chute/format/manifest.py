@@ -35,9 +35,12 @@ from chute.format.spec import ImageSpec
 from chute.format.splits import MISSING, Shard, Split, bad, parse_split
 
 MANIFEST_NAME = "manifest.json"
+LABEL_MODES = ("single", "multi")
 WORK_DIR = ".chute-work"  # a conversion in progress keeps its state here
 FORMAT = "chute.manifest"
-VERSION = 3  # 3: sparse per-shard class counts (2: a list of every class's count per shard);
+VERSION = 4  # 4: multi-label datasets (``label_mode``) and sample weights (``weighted``);
+# a single-label dataset without weights is still written as 3, for older readers.
+# 3: sparse per-shard class counts (2: a list of every class's count per shard);
 # 2: the image spec holds resize, interpolation and quality (1: in options)
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?\d+,\s*)*-?\d+)\s*\]")
 
@@ -61,10 +64,18 @@ class Manifest:
     duplicates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     created_by: str = ""
+    # "single": one ``class`` per record; "multi": a ``labels`` list per record, and the
+    # class counts count the images carrying each label (they add up to more than the images)
+    label_mode: str = "single"
+    weighted: bool = False  # each record has a ``weight`` feature
     location: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
         where = storage.join(self.location, MANIFEST_NAME) if self.location else MANIFEST_NAME
+        if self.label_mode not in LABEL_MODES:
+            raise bad(where, "label_mode", self.label_mode, f"one of {LABEL_MODES}")
+        if not isinstance(self.weighted, bool):
+            raise bad(where, "weighted", self.weighted, "true or false")
         self.splits = {
             name: split
             # Parsed once, here: no reader looks a shard's fields up by string afterwards.
@@ -72,6 +83,11 @@ class Manifest:
             else parse_split(split, where, f"splits.{name}", self.class_names)
             for name, split in self.splits.items()
         }
+
+    @property
+    def multi_label(self) -> bool:
+        """Whether each image carries a set of labels (``labels``) rather than one ``class``."""
+        return self.label_mode == "multi"
 
     @property
     def num_classes(self) -> int:
@@ -105,10 +121,15 @@ class Manifest:
 
     def to_json(self) -> str:
         """The manifest as deterministic, human-readable JSON."""
-        body: dict[str, Any] = {"format": FORMAT, "version": VERSION}
+        # What older readers can read stays version 3, without the new fields.
+        plain = not self.multi_label and not self.weighted
+        body: dict[str, Any] = {"format": FORMAT, "version": 3 if plain else VERSION}
         for field in dataclasses.fields(self):
-            if field.name != "location":  # where it was read from, not what it says
-                body[field.name] = getattr(self, field.name)
+            if field.name == "location":  # where it was read from, not what it says
+                continue
+            if plain and field.name in ("label_mode", "weighted"):
+                continue
+            body[field.name] = getattr(self, field.name)
         body["image"] = self.image.to_dict()
         body["splits"] = {name: split.to_dict() for name, split in self.splits.items()}
         # ensure_ascii=False: class names stay readable in any script, not \u escapes.

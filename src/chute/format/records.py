@@ -17,6 +17,11 @@ Features of every record:
 * ``encoding`` (bytes): ``b"raw"``, ``b"png"`` or ``b"jpeg"``.
 * ``key`` (bytes): the image's source key (relative path or array index).
 
+Multi-label datasets (manifest ``label_mode: "multi"``) write ``labels`` (int64
+list: the sorted class indices the image carries, empty for a negative) in place
+of ``class``; a dataset with sample weights adds ``weight`` (float) to each record.
+Single-label records are byte for byte what they were.
+
 Example:
     >>> record = frame(encode_example({"class": [3], "image": [b"abc"]}))
     >>> len(record) == 8 + 4 + len(encode_example({"class": [3], "image": [b"abc"]})) + 4
@@ -28,6 +33,7 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import google_crc32c
 
@@ -39,6 +45,8 @@ SIZE = "size"
 CHANNELS = "channels"
 ENCODING = "encoding"
 KEY = "key"
+LABELS = "labels"  # multi-label datasets: the image's class indices (int64 list)
+WEIGHT = "weight"  # datasets with sample weights: the image's weight (float)
 # name -> (shape, dtype name) of each feature
 SCHEMA = {
     IMAGE: ([], "string"),
@@ -57,10 +65,15 @@ def parse_features(*names: str) -> dict:
         >>> sorted(parse_features(IMAGE, CLASS))  # doctest: +SKIP
         ['class', 'image']
     """
-    return {
-        name: tf.io.FixedLenFeature(SCHEMA[name][0], getattr(tf, SCHEMA[name][1]))
-        for name in (names or SCHEMA)
-    }
+    return {name: _parse_spec(name) for name in (names or SCHEMA)}
+
+
+def _parse_spec(name: str):
+    if name == LABELS:  # any number per image: a sparse row, made multi-hot by the reader
+        return tf.io.VarLenFeature(tf.int64)
+    if name == WEIGHT:
+        return tf.io.FixedLenFeature([], tf.float32, default_value=1.0)
+    return tf.io.FixedLenFeature(SCHEMA[name][0], getattr(tf, SCHEMA[name][1]))
 
 
 FRAME_OVERHEAD = 16  # length (8), its CRC (4) and the data's CRC (4) around each record
@@ -95,10 +108,14 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def _feature(values: Sequence[bytes] | Sequence[int]) -> bytes:
+def _feature(values: Sequence[bytes] | Sequence[int] | Sequence[float]) -> bytes:
     if values and isinstance(values[0], bytes | bytearray | memoryview):
         bytes_list = b"".join(_field(1, bytes(v)) for v in values)
         return _field(1, bytes_list)  # Feature.bytes_list
+    if values and isinstance(values[0], float):  # packed float32, as TensorFlow writes them
+        return _field(2, _field(1, struct.pack(f"<{len(values)}f", *values)))  # float_list
+    if not values:  # an empty int64 list (a multi-label negative), as protobuf writes it
+        return _field(3, b"")
     # Packed, as protobuf serialises repeated int64 by default: the same bytes as TensorFlow's.
     packed = b"".join(_varint(int(v)) for v in values)
     return _field(3, _field(1, packed))  # Feature.int64_list, packed values
@@ -136,9 +153,9 @@ def frame(record: bytes) -> bytes:
 
 # Label, channels and size repeat from image to image: their entries are built once.
 @functools.lru_cache(maxsize=8192)
-def _entry(name: str, value: bytes | int | tuple[int, ...]) -> bytes:
+def _entry(name: str, value: bytes | int | float | tuple[int, ...]) -> bytes:
     """One serialised map entry of ``Features.feature`` (cached: most repeat)."""
-    values = [value] if isinstance(value, bytes | int) else list(value)
+    values = [value] if isinstance(value, bytes | int | float) else list(value)
     return _field(1, _field(1, name.encode()) + _field(2, _feature(values)))
 
 
@@ -162,26 +179,92 @@ def _bytes_entry_head(name: str, size: int) -> bytes:
     )
 
 
+class Target(NamedTuple):
+    """What a record says of its image besides the pixels, when more than one class:
+    ``classes`` (a multi-label set, sorted) and ``weight`` (None: no weight feature).
+    A plain ``int`` stands for a single class with no weight, the common case."""
+
+    classes: int | tuple[int, ...]
+    weight: float | None = None
+
+
+def target_of(label: int, labels: tuple[int, ...] | None, weight: float | None) -> int | Target:
+    """The value a record is built from: ``label`` itself for a single-label image with no
+    weight (what every pre-existing dataset holds), else a :class:`Target`.
+
+    Example:
+        >>> target_of(3, None, None), target_of(-1, (0, 2), None)
+        (3, Target(classes=(0, 2), weight=None))
+    """
+    if labels is None and weight is None:
+        return label
+    return Target(tuple(labels) if labels is not None else label, weight)
+
+
+def classes_in(target: int | Target | Sequence) -> tuple[int, ...]:
+    """The class indices a target holds (one for a single label), for counting.
+
+    Accepts a target read back from JSON (a list) too.
+
+    Example:
+        >>> classes_in(3), classes_in(Target((0, 2), 0.5)), classes_in([[1], None])
+        ((3,), (0, 2), (1,))
+    """
+    if isinstance(target, int):
+        return (target,)
+    classes = target[0]
+    return (classes,) if isinstance(classes, int) else tuple(classes)
+
+
+def from_json(value: int | list) -> int | Target:
+    """A target as JSON gave it back (a list for a :class:`Target`).
+
+    Example:
+        >>> from_json([[0, 2], 0.5])
+        Target(classes=(0, 2), weight=0.5)
+    """
+    if isinstance(value, int):
+        return value
+    classes, weight = value
+    return Target(classes if isinstance(classes, int) else tuple(classes), weight)
+
+
 def image_example(
-    *, image: bytes, label: int, height: int, width: int, channels: int, encoding: str, key: str
+    *,
+    image: bytes,
+    label: int | Target,
+    height: int,
+    width: int,
+    channels: int,
+    encoding: str,
+    key: str,
 ) -> bytes:
     """Builds and frames the record of one image (see the module docstring).
 
+    ``label`` is a class index, or a :class:`Target` (a multi-label set, a weight).
     The same bytes as ``frame(encode_example({...}))``, built without copying
     the image more than once (this runs once per image in the workers).
     """
     key_bytes = key.encode("utf-8")
+    classes, weight = (label, None) if isinstance(label, int) else label
+    if isinstance(classes, int):
+        class_entry, labels_entry = _entry(CLASS, classes), b""
+    else:  # a multi-label record: ``labels`` in place of ``class`` (empty: a negative)
+        class_entry, labels_entry = b"", _entry(LABELS, tuple(classes))
+    weight_entry = b"" if weight is None else _entry(WEIGHT, float(weight))
     entries = b"".join(
         (  # sorted by feature name, as encode_example writes them
             _entry(CHANNELS, channels),
-            _entry(CLASS, label),
+            class_entry,
             _entry(ENCODING, encoding.encode()),
             _bytes_entry_head(IMAGE, len(image)),
             # The image goes in as it is: the head before it is built from its length alone.
             image,
             _bytes_entry_head(KEY, len(key_bytes)),
             key_bytes,
+            labels_entry,
             _entry(SIZE, (height, width)),
+            weight_entry,
         )
     )
     return frame(b"\x0a" + _varint(len(entries)) + entries)

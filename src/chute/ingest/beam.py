@@ -49,7 +49,7 @@ from typing import Any
 
 from chute import checks
 from chute.errors import ChuteError
-from chute.format import storage
+from chute.format import records, storage
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,12 @@ def _write_tasks(found: Any, todo: list, output: str) -> None:
 
     def write(shard: Any) -> None:
         items = [found.items[i] for i in shard.indices]
-        body = {"items": [[item.key, item.label, item.path] for item in items]}
+        body = {
+            "items": [
+                [item.key, records.target_of(item.label, item.labels, item.weight), item.path]
+                for item in items
+            ]
+        }
         storage.write_atomic(_task_path(output, shard.name), json.dumps(body).encode())
 
     with ThreadPoolExecutor(_threads(output)) as pool:
@@ -365,7 +370,8 @@ def _task_items(name, output):
     """``(shard, position, key, label, path)`` of each item of a shard."""
     body = json.loads(storage.read_bytes(_task_path(output, name)))
     for position, (key, label, path) in enumerate(body["items"]):
-        yield name, position, key, label, path
+        # a multi-label or weighted item's target comes back from JSON as a list
+        yield name, position, key, records.from_json(label), path
 
 
 def _encode(item, spec, max_pixels):

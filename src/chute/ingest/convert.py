@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from chute import collector
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
-from chute.format import storage
+from chute.format import records, storage
 from chute.format.spec import ImageSpec
 from chute.image.header import Probe
 from chute.ingest import layout, lock, resume, sources, writer
@@ -270,6 +270,7 @@ def _scan(
             progress=progress,
             image_column=options.image_column,
             label_column=options.label_column,
+            labels=options.label_rules(),
         )
     log.info(
         "%s: %d images in %d classes (%s)",
@@ -382,18 +383,18 @@ def _why_no_images(
 ) -> NoTrainingImages:
     """The error for classes left without a training image, with the first reasons their
     images were refused; every reject goes to ``OUT/rejects.csv``, which is kept."""
-    label_of = {item.key: item.label for item in found.items}
+    label_of = {item.key: item.labels or (item.label,) for item in found.items}
     names = set(classes)
 
-    def class_of(key: str) -> str | None:
+    def classes_of(key: str) -> set[str]:
         if key in label_of:
-            return found.class_names[label_of[key]]
+            return {found.class_names[label] for label in label_of[key]}
         # A reject from scanning has no item: its class is the folder name in its key.
-        return next((part for part in key.split("/") if part in names), None)
+        return {next((part for part in key.split("/") if part in names), None)}
 
     shown = []
     for name in classes[:5]:
-        theirs = [r for r in rejects if class_of(r["key"]) == name]
+        theirs = [r for r in rejects if name in classes_of(r["key"])]
         if not theirs:
             shown.append(f"{name!r}: no image found")
             continue
@@ -410,6 +411,17 @@ def _why_no_images(
 
 
 # -- write --------------------------------------------------------------------------------
+
+
+def _target(item: sources.Item) -> int | records.Target:
+    """What the item's record says of it besides the image: its class (single-label, no
+    weight: as every dataset before multi-label), or its labels and weight."""
+    return records.target_of(item.label, item.labels, item.weight)
+
+
+def _labels(item: sources.Item) -> int | tuple[int, ...]:
+    """The item's class, or its set of labels: what the LeakGuard reports of a copy."""
+    return item.label if item.labels is None else item.labels
 
 
 class _Tally:
@@ -432,9 +444,10 @@ class _Tally:
         for index, (digest, fate) in zip(shard.indices, note.pop("outcomes"), strict=True):
             item = self.found.items[index]
             if replay and not writer.rejected(fate):
-                self.guard.admit(bytes.fromhex(digest), item.key, item.label, shard.split)
+                self.guard.admit(bytes.fromhex(digest), item.key, _labels(item), shard.split)
             # NUL separators: no key or label can contain one, so no two inputs hash alike.
-            self.fingerprint.update(f"{item.key}\0{item.label}\0{shard.split}\0{digest}\0".encode())
+            target = _target(item)
+            self.fingerprint.update(f"{item.key}\0{target}\0{shard.split}\0{digest}\0".encode())
             if writer.rejected(fate):
                 self.rejects.append({"key": item.key, "reason": fate})
         self.infos[shard.name] = note
@@ -472,7 +485,7 @@ def _start_writing(
     source file changed since that run (``files``, the listing now) is written again."""
     items = plan.found.items
     assignment = [
-        [s.name, [(items[i].key, items[i].label) for i in s.indices]] for s in plan.shards
+        [s.name, [(items[i].key, _target(items[i])) for i in s.indices]] for s in plan.shards
     ]
     stamp = {
         "source": plan.source,
@@ -555,7 +568,7 @@ def _encode_tasks(plan: _Plan, shards: list[layout.Shard]) -> Iterator[tuple]:
         for start, stop in worker_pool.chunk_bounds(len(shard.indices), ENCODE_CHUNK):
             chunk = shard.indices[start:stop]
             items = [
-                (found.items[i].key, found.items[i].label, found.payload(found.items[i]))
+                (found.items[i].key, _target(found.items[i]), found.payload(found.items[i]))
                 for i in chunk
             ]
             yield items, plan.spec, plan.options.max_pixels
@@ -570,13 +583,14 @@ def _write_shard(plan: _Plan, shard: layout.Shard, results: Iterator, guard: Lea
         for start, stop in worker_pool.chunk_bounds(len(shard.indices), ENCODE_CHUNK):
             chunk = shard.indices[start:stop]
             yield [
-                (items[i].label, *encoded) for i, encoded in zip(chunk, next(results), strict=True)
+                (_target(items[i]), *encoded)
+                for i, encoded in zip(chunk, next(results), strict=True)
             ]
 
     def admit(position: int, digest: bytes) -> bool:
         item = items[shard.indices[position]]
         # In writing order, so which copy of a duplicate is kept does not depend on the workers.
-        return guard.admit(digest, item.key, item.label, shard.split)
+        return guard.admit(digest, item.key, _labels(item), shard.split)
 
     lock.check_held(plan.output)  # a conversion that took over OUT writes it now, not this one
     return writer.write_shard(plan.output, shard.name, chunks(), admit=admit)
@@ -630,6 +644,8 @@ def _manifest(plan: _Plan, written: _Tally) -> manifest_lib.Manifest:
         duplicates=written.guard.report(),
         warnings=_warnings(found.class_names, splits),
         created_by=f"chute {__version__}",
+        label_mode="multi" if found.multi_label else "single",
+        weighted=found.weighted,
         location=plan.output,
     )
 

@@ -15,10 +15,13 @@ from chute import checks
 from chute.errors import ChuteError
 from chute.format.spec import ENCODINGS, INTERPOLATIONS, MAX_SIDE, RESIZE_MODES
 from chute.image.size import DEFAULT_MAX_PIXELS, parse_image_size
+from chute.ingest.sources.base import LABEL_MODES, LabelRules
 from chute.settings import from_mapping, option
 
 COLOR_MODES = ("grayscale", "rgb", "auto")
 ENCODING_CHOICES = (*ENCODINGS, "auto")
+# A quote or a line break would cut a CSV cell; a comma would end it: the cell holds the labels.
+FORBIDDEN_SEPARATORS = ('"', "'", "\n", "\r", ",")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +72,18 @@ class ConvertOptions:
             shorter side is at most this many pixels (smaller ones are kept as
             they are): photos stored larger than the training size, for
             random-resized crops when reading (``chute.load(augment=["crop"])``).
+        label_mode: ``"single"`` (one class per image), ``"multi"`` (several labels
+            per image: a CSV cell ``cat|night``, a JSON list, a Parquet list column) or
+            ``"auto"`` (multi when the source holds lists, or a label cell holding
+            ``label_separator``; the choice is logged). A class-per-folder tree is
+            single-label: ``"multi"`` is refused for it.
+        label_separator: between the labels of one CSV cell or WebDataset ``.txt``;
+            not a comma (it would end the CSV cell), a quote or a line break.
+        allow_empty_labels: multi-label: an image with no label is a valid negative
+            (by default it is rejected, with its reason).
+        max_labels: multi-label: an image with more labels is rejected (None: no limit).
+        weight_column: the column (CSV header, JSONL key, Parquet column) of sample
+            weights (finite, >= 0); default: ``weight`` when the source has one.
 
     Example:
         >>> ConvertOptions(image_size="75", color_mode="grayscale").image_size
@@ -113,6 +128,21 @@ class ConvertOptions:
     shorter_side: int | None = option(
         None, "keep aspect ratios, shorter side scaled down to N (for crops when training)",
         type=int, metavar="N",
+    )  # fmt: skip
+    label_mode: str = option(
+        "auto", "one class per image, several, or auto (lists or a separator: multi)",
+        choices=LABEL_MODES,
+    )  # fmt: skip
+    label_separator: str = option(
+        "|", "between the labels of one CSV cell or WebDataset .txt", type=str, metavar="CHAR"
+    )
+    allow_empty_labels: bool = option(False, "multi-label: an image with no label is a negative")
+    max_labels: int | None = option(
+        None, "multi-label: reject images with more labels", type=int, metavar="N"
+    )
+    weight_column: str | None = option(
+        None, "the column of sample weights (default: 'weight' when present)", type=str,
+        metavar="NAME",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -165,6 +195,39 @@ class ConvertOptions:
                 f"`resize` only applies with `image_size`. Received: resize={self.resize!r}, "
                 "image_size=None"
             )
+        self._check_labels()
+
+    def _check_labels(self) -> None:
+        checks.one_of("label_mode", self.label_mode, LABEL_MODES)
+        separator = self.label_separator
+        if (
+            not isinstance(separator, str)
+            or not separator
+            or any(c in separator for c in FORBIDDEN_SEPARATORS)
+        ):
+            raise checks.bad_value(
+                "label_separator",
+                separator,
+                "a non-empty string without a comma (it would end a CSV cell), a quote or a "
+                "line break, such as '|' or ';'",
+            )
+        if not isinstance(self.allow_empty_labels, bool):
+            raise checks.bad_value("allow_empty_labels", self.allow_empty_labels, "True or False")
+        checks.optional_positive_int("max_labels", self.max_labels)
+        column = self.weight_column
+        if column is not None and (not isinstance(column, str) or not column.strip()):
+            raise checks.bad_value("weight_column", column, "None or a column name")
+
+    def label_rules(self) -> LabelRules:
+        """How the source's labels (and weights) are read: what :func:`~chute.ingest.sources.scan`
+        takes."""
+        return LabelRules(
+            mode=self.label_mode,
+            separator=self.label_separator,
+            allow_empty=self.allow_empty_labels,
+            max_labels=self.max_labels,
+            weight_column=self.weight_column,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The options as JSON-ready values (tuples become lists)."""

@@ -33,7 +33,7 @@ from typing import Any
 
 from chute.errors import ChuteError
 from chute.format import index as record_index
-from chute.format import manifest, storage
+from chute.format import manifest, records, storage
 from chute.format.splits import IndexEntry
 from chute.ingest.layout import split_of
 
@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 # A record's fate besides a reject reason: written, or dropped because its content is
 # already in a higher split (see chute.ingest.split.LeakGuard).
 KEPT, LEAK = "", "leak"
-# One encoded record: its label, content sha256, framed record and reject reason (or None).
-Record = tuple[int, bytes | None, bytes | None, str | None]
+# One encoded record: its target (a class, or a records.Target), content sha256, framed
+# record and reject reason (or None).
+Record = tuple[int | records.Target, bytes | None, bytes | None, str | None]
 
 
 def fate(reject: str | None, admit: Callable[[], bool]) -> str:
@@ -209,6 +210,7 @@ class ShardWriter:
         self._hash = hashlib.sha256()
         self._bytes = 0
         self._class_counts: collections.Counter[int] = collections.Counter()
+        self._records = 0
         self._lengths: list[int] = []  # of each record, for the index
         self._handle: Any = None
         self.info: dict[str, Any] = {}
@@ -218,13 +220,16 @@ class ShardWriter:
         self._handle.write(b"")  # GFile creates the file on the first write, even an empty one
         return self
 
-    def write(self, framed: bytes, labels: list[int]) -> None:
-        """Appends framed records whose labels are ``labels``."""
+    def write(self, framed: bytes, labels: list[int | records.Target]) -> None:
+        """Appends framed records whose labels are ``labels`` (a class each, or a
+        :class:`~chute.format.records.Target`: a multi-label image counts for each label)."""
         self._handle.write(framed)
         self._lengths += record_index.frame_lengths(framed)
         self._hash.update(framed)
         self._bytes += len(framed)
-        self._class_counts.update(labels)
+        self._records += len(labels)
+        for label in labels:
+            self._class_counts.update(records.classes_in(label))
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
@@ -252,7 +257,7 @@ class ShardWriter:
         storage.rename(self._tmp, self.path)
         self.info = {
             "file": name,
-            "num_records": self._class_counts.total(),
+            "num_records": self._records,
             "bytes": self._bytes,
             "sha256": self._hash.hexdigest(),
             "class_counts": manifest.sparse_counts(self._class_counts),

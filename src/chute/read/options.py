@@ -32,7 +32,7 @@ from chute.image.size import parse_image_size
 from chute.read.augment import PLACES, AugmentSpec, parse_augment
 from chute.settings import from_mapping, option
 
-LABEL_MODES = ("int", "categorical", "binary", None)
+LABEL_MODES = ("auto", "int", "categorical", "binary", "multi_hot", None)
 DTYPES = ("uint8", "float32", "bfloat16")
 DEFAULT_CROP_SCALE = (0.08, 1.0)  # Inception-style random-resized crop: share of the area
 DEFAULT_CROP_RATIO = (3 / 4, 4 / 3)  # and aspect ratio (width / height) of the window
@@ -80,7 +80,12 @@ class LoadOptions:
             ``"75x100"`` too); ``None``: as stored.
         dtype: ``"uint8"`` (0-255), or ``"float32"``/``"bfloat16"`` scaled to [0, 1].
         label_mode: ``"int"``, ``"categorical"`` (one-hot), ``"binary"`` (two
-            classes, float 0/1) or ``None`` (images only), as in Keras.
+            classes, float 0/1) or ``None`` (images only), as in Keras;
+            ``"multi_hot"`` (a float 0/1 per class) for a multi-label dataset;
+            ``"auto"``: ``"multi_hot"`` for a multi-label dataset, else ``"int"``.
+        sample_weights: yield ``(images, labels, weights)`` with each record's weight
+            (a dataset converted with a weight column); ``None``: when reading such a
+            dataset for training.
         augment: training only: names (``"crop"``, ``"flip"``, ``"rotation"``,
             ``"zoom"``, ``"translation"``, ``"contrast"``, ``"brightness"``,
             ``"randaugment"``, ``"mixup"``, ``"cutmix"``; a list or ``"crop,flip"``)
@@ -138,7 +143,12 @@ class LoadOptions:
     )
     dtype: str = option("uint8", "uint8, or float32/bfloat16 scaled to [0, 1]", choices=DTYPES)
     label_mode: str | None = option(
-        "int", "labels as in Keras (None: images only)", choices=LABEL_MODES[:-1]
+        "auto",
+        "labels as in Keras, or multi_hot (auto: multi_hot for a multi-label dataset, else int)",
+        choices=LABEL_MODES[:-1],
+    )
+    sample_weights: bool | None = option(
+        None, "yield each record's weight (default: in training, when the dataset has them)"
     )
     augment: tuple = option(
         (),
@@ -212,12 +222,15 @@ class LoadOptions:
         object.__setattr__(self, "augment", _names(self.augment))
         spec = parse_augment(self.augment)
         checks.one_of("augment_on", self.augment_on, PLACES)
-        # MixUp and CutMix blend two labels: an integer label cannot hold the blend.
-        if spec.mixing and self.label_mode != "categorical":
+        # MixUp and CutMix blend two labels: an integer label cannot hold the blend
+        # ("auto" is resolved against the dataset, see chute.read.target).
+        if spec.mixing and self.label_mode not in ("categorical", "multi_hot", "auto"):
             raise ChuteError(
-                "`augment` with 'mixup' or 'cutmix' mixes labels: it needs "
-                f"label_mode='categorical'. Received: label_mode={self.label_mode!r}"
+                "`augment` with 'mixup' or 'cutmix' mixes labels: it needs label_mode="
+                f"'categorical' (or 'multi_hot'). Received: label_mode={self.label_mode!r}"
             )
+        if self.sample_weights is not None:
+            _boolean("sample_weights", self.sample_weights, "True, False or None")
         object.__setattr__(self, "crop_scale", _range("crop_scale", self.crop_scale, 0.0, 1.0))
         object.__setattr__(self, "crop_ratio", _range("crop_ratio", self.crop_ratio, 0.0, 100.0))
         if self.crop_fraction is not None:

@@ -28,12 +28,18 @@ class Target:
         shape: ``(height, width, channels)`` of the images yielded.
         crop_fraction: evaluation's centre crop (1.0 in training).
         random_crop: ``(scale, ratio)`` ranges of training's random-resized crop, or None.
+        label_mode: the options' label mode with ``"auto"`` resolved against the dataset.
+        multi_label: the records hold ``labels`` lists (a multi-label dataset).
+        weights: each batch carries the records' sample weights.
     """
 
     training: bool
     shape: tuple[int, int, int]
     crop_fraction: float
     random_crop: tuple[tuple[float, float], tuple[float, float]] | None
+    label_mode: str | None = "int"
+    multi_label: bool = False
+    weights: bool = False
 
 
 def target(manifest: Manifest, split: str, options: LoadOptions) -> Target:
@@ -43,6 +49,11 @@ def target(manifest: Manifest, split: str, options: LoadOptions) -> Target:
     # By default only the train split trains; val and test are read once, in order.
     training = (split == "train") if options.training is None else options.training
     _check_against(manifest, split, options, training)
+    label_mode = options.label_mode
+    if label_mode == "auto":
+        label_mode = "multi_hot" if manifest.multi_label else "int"
+    _check_labels(manifest, options, label_mode)
+    weights = _weights(manifest, options, training, label_mode)
     stored = manifest.image
     size = options.image_size or stored.size
     if size is None:
@@ -59,7 +70,65 @@ def target(manifest: Manifest, split: str, options: LoadOptions) -> Target:
         shape=(*size, stored.channels),
         crop_fraction=crop_fraction,
         random_crop=(options.crop_scale, options.crop_ratio) if random else None,
+        label_mode=label_mode,
+        multi_label=manifest.multi_label,
+        weights=weights,
     )
+
+
+def _check_labels(manifest: Manifest, options: LoadOptions, label_mode: str | None) -> None:
+    """What a label mode asks that this dataset's labels cannot give."""
+    if manifest.multi_label and label_mode not in ("multi_hot", None):
+        raise ChuteError(
+            f"{manifest.location} is multi-label (several labels per image): `label_mode` "
+            f"must be 'multi_hot' (or 'auto', or None for images alone). Received: "
+            f"label_mode={options.label_mode!r}"
+        )
+    if not manifest.multi_label and label_mode == "multi_hot":
+        raise ChuteError(
+            f"`label_mode='multi_hot'` needs a multi-label dataset; {manifest.location} has "
+            "one class per image: pass 'categorical' for one-hot labels. Received: "
+            "label_mode='multi_hot'"
+        )
+    if options.augment_spec.mixing and label_mode not in ("categorical", "multi_hot"):
+        raise ChuteError(
+            "`augment` with 'mixup' or 'cutmix' mixes labels: it needs label_mode="
+            f"'categorical' (or 'multi_hot'). Received: label_mode={options.label_mode!r}"
+        )
+    if manifest.multi_label and options.sampling is not None:
+        raise ChuteError(
+            f"`sampling` draws by class, and {manifest.location} gives an image several "
+            "labels; for rare labels weigh them in the loss instead (chute train "
+            f"--positive-weights balanced). Received: sampling={options.sampling!r}"
+        )
+
+
+def _weights(manifest: Manifest, options: LoadOptions, training: bool, label_mode) -> bool:
+    """Whether batches carry the records' sample weights."""
+    if options.sample_weights is None:
+        # not where a batch's third element is already something else
+        usual = not options.pad_final_batch and not options.augment_spec.mixing
+        return manifest.weighted and training and label_mode is not None and usual
+    if not options.sample_weights:
+        return False
+    if not manifest.weighted:
+        raise ChuteError(
+            f"`sample_weights=True` needs a dataset converted with a weight column; "
+            f"{manifest.location} has none. Received: sample_weights=True"
+        )
+    clash = {
+        "label_mode=None": label_mode is None,
+        "pad_final_batch=True": options.pad_final_batch,
+        "augment with mixup/cutmix": options.augment_spec.mixing,
+    }
+    for what, present in clash.items():
+        if present:
+            raise ChuteError(
+                f"`sample_weights=True` cannot be combined with {what}. Received: "
+                f"sample_weights=True, label_mode={options.label_mode!r}, "
+                f"pad_final_batch={options.pad_final_batch!r}, augment={options.augment!r}"
+            )
+    return True
 
 
 def _check_against(manifest: Manifest, split: str, options: LoadOptions, training: bool) -> None:

@@ -7,7 +7,8 @@ Recognised sources (see :func:`scan`):
 * a pre-split folder: ``train/<class>/…``, ``val/<class>/…`` (or
   ``validation``), optional ``test/<class>/…``;
 * a CSV or JSONL list of ``path,label`` (optional ``split`` column), paths
-  relative to the list's folder;
+  relative to the list's folder; several labels per image in one cell
+  (``cat|night``) or a JSON list, and a ``weight`` column (see :mod:`.lists`);
 * a ``.npz`` file with ``x``/``y`` (or ``x_train``/``y_train`` and
   ``x_test``/``y_test``) uint8 arrays, optional ``class_names``;
 * ``keras:cifar10``, ``keras:cifar100``, ``keras:mnist``,
@@ -16,10 +17,15 @@ Recognised sources (see :func:`scan`):
   archive of such a tree, read member by member (see :mod:`.archives`, :mod:`.tars`);
 * WebDataset tar shards, ``{key}.jpg`` beside ``{key}.cls`` (or ``.txt``,
   ``.json``), one ``.tar`` or a pattern such as ``shard-{000000..000099}.tar``
-  (see :mod:`.webdataset`);
+  (see :mod:`.webdataset`); a ``.json`` list gives several labels per image;
 * Hugging Face Parquet files (a folder in the Hub's layout, a dataset
   repository cloned, or one ``.parquet`` file), or ``hf:OWNER/NAME[:CONFIG]``
-  downloaded from the Hub (see :mod:`.parquet`).
+  downloaded from the Hub (see :mod:`.parquet`); a label column of lists
+  (``Sequence(ClassLabel)``) gives several labels per image.
+
+How labels are read (one or several per image, detected or asked) follows
+:class:`~.base.LabelRules`; a class-per-folder tree, an ``.npz`` and ``keras:``
+have one class per image and refuse ``label_mode="multi"``.
 
 One module per kind; :mod:`.base` holds what they share (a leaf): the
 :class:`Source` protocol and its three classes (image files, pixel arrays,
@@ -46,6 +52,7 @@ from chute.ingest.sources.base import (
     ArraySource,
     FileSource,
     Item,
+    LabelRules,
     MemberSource,
     ProgressFn,
     Source,
@@ -59,6 +66,7 @@ __all__ = [
     "ArraySource",
     "FileSource",
     "Item",
+    "LabelRules",
     "MemberSource",
     "Source",
     "container_files",
@@ -76,17 +84,36 @@ class _Request(NamedTuple):
     max_pixels: int
     progress: ProgressFn | None
     columns: dict[str, str | None]
+    labels: LabelRules = LabelRules()
+
+
+def _single_label(kind: str, source: str, request: _Request) -> None:
+    """Refuses ``label_mode="multi"`` for a source that has one class per image by its
+    shape (a class-per-folder tree, arrays of integer labels)."""
+    if request.labels.mode != "multi":
+        return
+    why = "one integer label per image" if kind in ("npz", "keras") else "one class per folder"
+    raise ChuteError(
+        f"`label_mode`: a {kind} source is single-label ({why}). Received: "
+        f"label_mode='multi', source={source!r}; list the images and their labels in a CSV "
+        "(path,labels with 'cat|night'), a JSONL file (\"labels\": [...]) or a Parquet file "
+        "with a list column"
+    )
 
 
 def _scan_archive(path: str, request: _Request) -> Source:
     """A zip or tar of class folders, or a tar of WebDataset samples."""
     # A zip is always a class tree; only a tar may hold WebDataset samples.
     if not archives.is_tar(path):
+        _single_label("zip", path, request)
         return archives.tree_source(ZIP, path, archives.list_zip(path))
     listing = tars.list_tar(path, max_pixels=request.max_pixels, progress=request.progress)
     try:
         if webdataset.looks_like(listing.files):
-            return webdataset.samples_source(path, [(storage.basename(path), listing)])
+            return webdataset.samples_source(
+                path, [(storage.basename(path), listing)], labels=request.labels
+            )
+        _single_label("tar", path, request)
         return archives.tree_source(TAR, path, listing)
     # The listing unpacked a compressed tar to scratch: removed if the source is never made.
     except BaseException:
@@ -96,7 +123,11 @@ def _scan_archive(path: str, request: _Request) -> Source:
 
 def _scan_parquet(path: str, request: _Request) -> Source:
     return parquet.scan_parquet(
-        path, max_pixels=request.max_pixels, progress=request.progress, **request.columns
+        path,
+        max_pixels=request.max_pixels,
+        progress=request.progress,
+        labels=request.labels,
+        **request.columns,
     )
 
 
@@ -153,11 +184,18 @@ class _Kind(NamedTuple):
 # folder named like a file (data.npz/) is a folder.
 _KINDS: list[_Kind] = [
     _Kind(lambda s: s.startswith("hf:"), False, lambda s, r: _scan_parquet(parquet.download(s), r)),
-    _Kind(lambda s: s.startswith("keras:"), False, lambda s, r: arrays.scan_keras(s)),
+    # _single_label raises for label_mode="multi" (before anything is read), else is None.
+    _Kind(
+        lambda s: s.startswith("keras:"),
+        False,
+        lambda s, r: _single_label("keras", s, r) or arrays.scan_keras(s),
+    ),
     _Kind(
         _is_pattern,
         False,
-        lambda s, r: webdataset.scan_pattern(s, max_pixels=r.max_pixels, progress=r.progress),
+        lambda s, r: webdataset.scan_pattern(
+            s, max_pixels=r.max_pixels, progress=r.progress, labels=r.labels
+        ),
         webdataset.shard_paths,
     ),
     _Kind(
@@ -166,13 +204,19 @@ _KINDS: list[_Kind] = [
         _scan_parquet,
         parquet.files_of,
     ),
-    _Kind(lambda s: storage.exists(s) and storage.isdir(s), True, lambda s, r: scan_folder(s)),
+    _Kind(
+        lambda s: storage.exists(s) and storage.isdir(s),
+        True,
+        lambda s, r: _single_label("folder", s, r) or scan_folder(s),
+    ),
     _Kind(
         _ends(".csv", ".jsonl"),
         True,
-        lambda s, r: lists.scan_list(s, allow_outside=r.allow_outside),
+        lambda s, r: lists.scan_list(s, allow_outside=r.allow_outside, labels=r.labels),
     ),
-    _Kind(_ends(".npz"), True, lambda s, r: arrays.scan_npz(s), _itself),
+    _Kind(
+        _ends(".npz"), True, lambda s, r: _single_label("npz", s, r) or arrays.scan_npz(s), _itself
+    ),
     _Kind(archives.is_archive, True, _scan_archive, _itself),
 ]
 
@@ -189,6 +233,7 @@ def scan(
     progress: Callable[[str, int, int], None] | None = None,
     image_column: str | None = None,
     label_column: str | None = None,
+    labels: LabelRules = LabelRules(),  # noqa: B008 (frozen: one shared default is safe)
 ) -> Source:
     """Lists a source's items and class names, sorted and deterministic.
 
@@ -204,6 +249,9 @@ def scan(
             while a compressed tar or Parquet files are unpacked.
         image_column: Parquet: the column of images (default: found from the schema).
         label_column: Parquet: the column of labels (default: found from the schema).
+        labels: how labels and sample weights are read (single or several per image,
+            the separator, empty and crowded label fields, the weight column); see
+            :class:`~chute.ingest.sources.base.LabelRules`.
 
     Returns:
         The :class:`Source`; close it (or use it as a context manager) to delete
@@ -222,7 +270,7 @@ def scan(
         raise ChuteError(f"`source` must be a path or 'keras:NAME'. Received: source={source!r}")
     source = os.fspath(source)
     columns = {"image_column": image_column, "label_column": label_column}
-    request = _Request(allow_outside, max_pixels, progress, columns)
+    request = _Request(allow_outside, max_pixels, progress, columns, labels)
     kind = _kind_of(source)
     if kind is None:
         if not storage.exists(source):
@@ -246,6 +294,12 @@ def scan(
         raise ChuteError(
             f"`{given[0].split('=')[0]}` applies to Parquet sources; `source` is a "
             f"{found.kind} source. Received: {', '.join(given)}"
+        )
+    if labels.weight_column is not None and found.kind not in ("csv", "jsonl", "parquet"):
+        found.close()
+        raise ChuteError(
+            "`weight_column` applies to CSV, JSONL and Parquet sources; `source` is a "
+            f"{found.kind} source. Received: weight_column={labels.weight_column!r}"
         )
     if not found.items:
         found.close()

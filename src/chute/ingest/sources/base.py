@@ -43,7 +43,9 @@ class Item(NamedTuple):
 
     ``path`` is set for files (folders, lists); ``index`` is the item's row in the
     arrays of an :class:`ArraySource` or the members of a :class:`MemberSource`
-    (-1 for files).
+    (-1 for files). A multi-label item has ``label`` -1 and ``labels`` its class
+    indices (sorted, distinct; empty for a negative); ``weight`` is its sample
+    weight when the source has a weight column.
     """
 
     key: str
@@ -51,6 +53,32 @@ class Item(NamedTuple):
     split: str | None
     path: str | None
     index: int = -1
+    labels: tuple[int, ...] | None = None
+    weight: float | None = None
+
+
+LABEL_MODES = ("auto", "single", "multi")
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelRules:
+    """How a source's label field is read (what ``convert``'s label options ask).
+
+    Attributes:
+        mode: ``"single"`` (one class per image), ``"multi"`` (several), or ``"auto"``
+            (multi when the source holds lists, or a field with ``separator``; logged).
+        separator: between labels in one text field (CSV cells, WebDataset ``.txt``).
+        allow_empty: an image with no label is a valid negative (else a reject).
+        max_labels: more labels on one image is a reject naming the count (None: no limit).
+        weight_column: the column (CSV header, JSONL key, Parquet column) of sample
+            weights; None looks for ``weight``.
+    """
+
+    mode: str = "auto"
+    separator: str = "|"
+    allow_empty: bool = False
+    max_labels: int | None = None
+    weight_column: str | None = None
 
 
 ListingRow = tuple[str, int, int]  # (key, size, modification time in ns), -1 where unknown
@@ -73,6 +101,8 @@ class Source(Protocol):
     items: list[Item]
     presplit: bool
     rejects: list[dict]
+    multi_label: bool
+    weighted: bool
 
     def payload(self, item: Item) -> Any:
         """What a worker needs to read the item: a path, an archive member, or its pixels."""
@@ -100,6 +130,8 @@ class _Scanned:
     items: list[Item]
     presplit: bool = False
     rejects: list[dict] = dataclasses.field(default_factory=list)
+    multi_label: bool = False  # items carry ``labels``, not one ``label``
+    weighted: bool = False  # items carry a ``weight``
 
     def close(self) -> None:
         """Nothing to delete: only a :class:`MemberSource` unpacks anything."""

@@ -17,6 +17,14 @@ temporary file, as a compressed tar's do (:mod:`.tars`), and the
 workers read them by offset (:class:`~chute.ingest.members.Member`). The
 temporary file is deleted when the conversion ends.
 
+Multi-label: a label column of lists (``Sequence(ClassLabel)`` in the metadata,
+written ``{"feature": {"_type": "ClassLabel", ...}, "_type": "Sequence"}`` or,
+by newer ``datasets``, ``{"_type": "List", "feature": ...}``; or a plain list of
+strings or integers) gives each image several labels: class names from the
+metadata when it has them, else the distinct values sorted. With
+``label_mode="multi"`` a column of single values is read as one label each.
+Sample weights: the ``weight`` column (or ``weight_column``), numbers.
+
 ``hf:OWNER/NAME[:CONFIG]`` downloads the files through ``huggingface_hub`` (what
 the ``datasets`` library uses; ``pip install 'chute[hf]'``) into its cache.
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -43,6 +52,7 @@ from chute.ingest.sources import members as members_lib
 from chute.ingest.sources.base import (
     SPLIT_ALIASES,
     Item,
+    LabelRules,
     MemberSource,
     Source,
     class_names_of,
@@ -161,8 +171,32 @@ def _pyarrow():
     return pq
 
 
-def _columns(schema: Any, image_column: str | None, label_column: str | None, path: str):
-    """``(image column, label column, class names from the metadata or None)``."""
+def _class_feature(feature: Any) -> tuple[list | None, bool] | None:
+    """``(class names, several per image)`` of a Hugging Face feature that is a
+    ``ClassLabel`` or a list of them (``Sequence``, ``List``, or ``[ClassLabel]`` as old
+    ``datasets`` wrote it); None for any other feature."""
+    if isinstance(feature, list) and len(feature) == 1:  # [ClassLabel(...)]: a list of them
+        inner = _class_feature(feature[0])
+        return None if inner is None or inner[1] else (inner[0], True)
+    if not isinstance(feature, dict):
+        return None
+    if feature.get("_type") == "ClassLabel":
+        return feature.get("names"), False
+    if feature.get("_type") in ("Sequence", "List"):
+        inner = _class_feature(feature.get("feature"))
+        return None if inner is None or inner[1] else (inner[0], True)
+    return None
+
+
+def _columns(
+    schema: Any,
+    image_column: str | None,
+    label_column: str | None,
+    path: str,
+    weight_column: str | None = None,
+):
+    """``(image column, label column, class names from the metadata or None, weight
+    column or None)``."""
     features: dict = {}
     raw = (schema.metadata or {}).get(b"huggingface")
     if raw:
@@ -179,7 +213,10 @@ def _columns(schema: Any, image_column: str | None, label_column: str | None, pa
 
     # The option, then the metadata's declared type, then the Hub's usual name.
     image = image_column or typed("Image") or ("image" if "image" in names else None)
-    label = label_column or typed("ClassLabel") or ("label" if "label" in names else None)
+    # A ClassLabel first (as before lists of them counted), then a Sequence(ClassLabel).
+    lists = (n for n, f in features.items() if (_class_feature(f) or (None, False))[1])
+    usual = next((n for n in ("label", "labels") if n in names), None)
+    label = label_column or typed("ClassLabel") or next(lists, None) or usual
     for argument, column, given in (
         ("image_column", image, image_column),
         ("label_column", label, label_column),
@@ -191,9 +228,47 @@ def _columns(schema: Any, image_column: str | None, label_column: str | None, pa
                 f"{argument}={given!r} (pass --{argument.replace('_', '-')} NAME)"
             )
     _check_kinds(schema, image, label, image_column, label_column, path)
-    feature = features.get(label) if isinstance(features.get(label), dict) else {}
-    class_names = feature.get("names") if feature.get("_type") == "ClassLabel" else None
-    return image, label, class_names
+    class_names = (_class_feature(features.get(label)) or (None, False))[0]
+    # "weight" read as the labels (label_column="weight") is not also the weights
+    weight = (
+        _weight_column(schema, weight_column, path) if weight_column or label != "weight" else None
+    )
+    return image, label, class_names, weight
+
+
+def _weight_column(schema: Any, given: str | None, path: str) -> str | None:
+    """The column of sample weights: the one given (which must be there, and numbers), else
+    ``weight`` when it holds numbers."""
+    import pyarrow as pa
+
+    column = given or "weight"
+    if column not in schema.names:
+        if given is None:
+            return None
+        raise ChuteError(
+            f"`weight_column`: {path} has columns {schema.names}; {given!r} is not one of "
+            f"them. Received: weight_column={given!r}"
+        )
+    kind = schema.field(column).type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        if given is None:
+            log.info("%s: column 'weight' holds %s, not numbers: not read as weights", path, kind)
+            return None
+        raise ChuteError(
+            f"`weight_column`: column {given!r} of {path} holds {kind}, not numbers. "
+            f"Received: weight_column={given!r} (columns: {schema.names})"
+        )
+    log.info("%s: sample weights from column %r", path, column)
+    return column
+
+
+def _is_list(kind: Any) -> bool:
+    """Whether a column of Arrow type ``kind`` holds lists (several labels per row)."""
+    import pyarrow as pa
+
+    return (
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    )
 
 
 def _holds_images(kind: Any) -> bool:
@@ -211,9 +286,17 @@ def _holds_images(kind: Any) -> bool:
 
 
 def _holds_labels(kind: Any) -> bool:
-    """Whether a column of Arrow type ``kind`` can hold labels: not bytes, not nested."""
+    """Whether a column of Arrow type ``kind`` can hold labels: not bytes, not nested; or
+    a list of such (several labels per row)."""
     import pyarrow as pa
 
+    if _is_list(kind):
+        inner = kind.value_type
+        return (
+            pa.types.is_integer(inner)
+            or pa.types.is_string(inner)
+            or pa.types.is_large_string(inner)
+        )
     return not (
         pa.types.is_nested(kind)
         or pa.types.is_binary(kind)
@@ -239,7 +322,13 @@ def _check_kinds(schema: Any, image: str, label: str, image_column, label_column
         )
     for argument, column, given, fits, what in (
         ("image_column", image, image_column, _holds_images, "images (bytes or {bytes, path})"),
-        ("label_column", label, label_column, _holds_labels, "labels (integers or strings)"),
+        (
+            "label_column",
+            label,
+            label_column,
+            _holds_labels,
+            "labels (integers or strings, or lists of them)",
+        ),
     ):
         kind = schema.field(column).type
         if not fits(kind):
@@ -258,6 +347,7 @@ def scan_parquet(
     label_column: str | None = None,
     max_pixels: int,
     progress: Callable[[str, int, int], None] | None = None,
+    labels: LabelRules = LabelRules(),  # noqa: B008 (frozen: one shared default is safe)
 ) -> Source:
     """Lists the images of Parquet files (a file, or a folder of them), copying their bytes
     into one temporary file that the workers read.
@@ -283,21 +373,22 @@ def scan_parquet(
         )
     temp_dir = make_scratch_dir()
     try:
-        return _read_all(pq, source, files, splits, temp_dir, image_column, label_column,
-                         max_pixels, progress)  # fmt: skip
+        return _read_all(pq, source, files, splits, temp_dir, (image_column, label_column),
+                         labels, max_pixels, progress)  # fmt: skip
     # BaseException: an interrupt mid-copy must not leave gigabytes in the scratch folder.
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
 
 
-def _read_all(pq, source, files, splits, temp_dir, image_column, label_column, max_pixels,
+def _read_all(pq, source, files, splits, temp_dir, columns, rules: LabelRules, max_pixels,
               progress) -> Source:  # fmt: skip
     total = sum(storage.size(f) for f in files)
     limit = members_lib.max_member_bytes(max_pixels)
     data_path = os.path.join(temp_dir, "images.data")
-    rows: list[tuple[str, Any, str | None, Member | None, str | None]] = []
+    rows: list[tuple[str, Any, str | None, Member | None, str | None, float | None]] = []
     named: list[str] | None = None
+    multi: bool | None = None  # whether the label column holds lists, from the first file
     done = 0
     with open(data_path, "wb") as out:
         for path, split in zip(files, splits, strict=True):
@@ -309,7 +400,9 @@ def _read_all(pq, source, files, splits, temp_dir, image_column, label_column, m
                     f"`source` file {path} is not a readable Parquet file ({error}). "
                     f"Received: source={source!r}"
                 ) from None
-            image, label, names = _columns(handle.schema_arrow, image_column, label_column, path)
+            schema = handle.schema_arrow
+            image, label, names, weight = _columns(schema, *columns, path, rules.weight_column)
+            multi = _check_multi(multi, _is_list(schema.field(label).type), label, path, rules)
             if names is not None:
                 if named is not None and names != named:
                     raise ChuteError(
@@ -319,19 +412,25 @@ def _read_all(pq, source, files, splits, temp_dir, image_column, label_column, m
                 named = names
             rel = os.path.relpath(path, source) if path != source else os.path.basename(path)
             row = 0
-            for batch in handle.iter_batches(batch_size=BATCH_ROWS, columns=[image, label]):
+            wanted = [image, label] + ([weight] if weight else [])
+            for batch in handle.iter_batches(batch_size=BATCH_ROWS, columns=wanted):
                 images = batch.column(0).to_pylist()
                 labels = batch.column(1).to_pylist()
-                for value, target in zip(images, labels, strict=True):
+                weights = batch.column(2).to_pylist() if weight else [None] * len(labels)
+                for value, target, sample_weight in zip(images, labels, weights, strict=True):
                     key = f"{rel}#{row:08d}"
+                    if weight:
+                        sample_weight = _weight(path, row, weight, sample_weight)
                     row += 1
                     data = value.get("bytes") if isinstance(value, dict) else value
                     if not isinstance(data, bytes | bytearray) or not data:
-                        rows.append((key, target, split, None, "no image bytes in the row"))
+                        rows.append(
+                            (key, target, split, None, "no image bytes in the row", sample_weight)
+                        )
                         continue
                     if len(data) > limit:  # the worker rejects it from its size, unread
                         member = Member(data_path, TAR, key, -1, len(data))
-                        rows.append((key, target, split, member, None))
+                        rows.append((key, target, split, member, None, sample_weight))
                         continue
                     # Per image: a full disk would fail the write anyway, with a worse message.
                     if shutil.disk_usage(temp_dir).free < len(data) + DISK_RESERVE:
@@ -341,45 +440,143 @@ def _read_all(pq, source, files, splits, temp_dir, image_column, label_column, m
                         )
                     member = Member(data_path, TAR, key, out.tell(), len(data))
                     out.write(data)
-                    rows.append((key, target, split, member, None))
+                    rows.append((key, target, split, member, None, sample_weight))
                 done += batch.nbytes
                 if progress:
                     progress("unpack", min(done, total), total)
+    if multi:
+        return _multi_source(source, files, rows, named, all(splits), temp_dir, rules)
     return _source(source, files, rows, named, all(splits), temp_dir)
+
+
+def _check_multi(before: bool | None, lists: bool, label: str, path: str, rules) -> bool:
+    """Whether the label column is read as several labels per row: lists are (unless
+    ``label_mode="single"``, refused), single values only with ``label_mode="multi"``."""
+    if lists and rules.mode == "single":
+        raise ChuteError(
+            f"`label_mode`: column {label!r} of {path} holds lists (several labels per image). "
+            "Received: label_mode='single'; pass label_mode='multi' (--label-mode multi) or "
+            "'auto'"
+        )
+    multi = lists or rules.mode == "multi"
+    if before is not None and before != multi:
+        raise ChuteError(
+            f"`source`: column {label!r} of {path} holds {'lists' if lists else 'single values'}"
+            f", unlike the other files'. Received: label_mode={rules.mode!r}"
+        )
+    if before is None and rules.mode == "auto":
+        what = "lists: multi-label" if multi else "single values: single-label"
+        log.info("%s: column %r holds %s", path, label, what)
+    return multi
+
+
+def _weight(path: str, row: int, column: str, value: Any) -> float:
+    """A row's sample weight, finite and >= 0."""
+    if isinstance(value, int | float) and math.isfinite(value) and value >= 0:
+        return float(value)
+    raise ChuteError(
+        f"{path}, row {row}: the sample weight (column {column!r}) must be a finite number "
+        f">= 0. Received: {value!r}"
+    )
 
 
 def _source(source, files, rows, named, presplit: bool, temp_dir: str) -> Source:
     """The Source of the rows read: labels resolved to class indices, bad rows rejected."""
-    rejects = [{"key": key, "reason": reason} for key, _, _, _, reason in rows if reason]
+    rejects = [{"key": row[0], "reason": row[4]} for row in rows if row[4]]
     usable = [r for r in rows if r[4] is None]
     if named is not None:
         class_names = list(named)
     else:
-        class_names = class_names_of([str(t) for _, t, _, _, _ in usable if t is not None])
+        class_names = class_names_of([str(row[1]) for row in usable if row[1] is not None])
     index = {name: i for i, name in enumerate(class_names)}
     items, found = [], []
-    for key, target, split, member, _ in usable:
+    for key, target, split, member, _, weight in usable:
         if target is None:
             rejects.append({"key": key, "reason": "missing label"})
             continue
         if named is not None:  # a class index, or a name the metadata lists (string labels)
-            # bool is an int in Python: True is no class index.
-            valid = isinstance(target, int) and not isinstance(target, bool)
-            if valid and 0 <= target < len(class_names):
-                label = target
-            elif isinstance(target, str) and target in index:
-                label = index[target]
-            else:
-                reason = (
-                    f"label {target!r} is not a class index from 0 to "
-                    f"{len(class_names) - 1}, nor a class name of the file's metadata"
-                )
-                rejects.append({"key": key, "reason": reason})
+            label = _class_index(target, class_names, index)
+            if label is None:
+                rejects.append({"key": key, "reason": _not_a_class(target, class_names)})
                 continue
         else:
             label = index[str(target)]
-        items.append(Item(key, label, split, None, len(found)))
+        items.append(Item(key, label, split, None, len(found), weight=weight))
         found.append(member)
+    return _made(source, files, items, class_names, presplit, rejects, found, temp_dir, False)
+
+
+def _not_a_class(value: Any, class_names: list[str]) -> str:
+    return (
+        f"label {value!r} is not a class index from 0 to {len(class_names) - 1}, nor a class "
+        "name of the file's metadata"
+    )
+
+
+def _multi_source(source, files, rows, named, presplit: bool, temp_dir: str, rules) -> Source:
+    """The Source of rows with several labels each (a list, or one value with
+    ``label_mode="multi"``): class indices from the metadata's names, else the distinct
+    values sorted; rows with no label, too many, or one the metadata does not name rejected."""
+    rejects = [{"key": row[0], "reason": row[4]} for row in rows if row[4]]
+    index = {name: i for i, name in enumerate(named or [])}
+    accepted = []  # (row, its labels: class indices when named, else names)
+    for row in (r for r in rows if r[4] is None):
+        key, target = row[0], row[1]
+        if target is None:
+            rejects.append({"key": key, "reason": "missing label"})
+            continue
+        # label_mode="multi" over a column of single values: one label each
+        values = target if isinstance(target, list) else [target]
+        if named is not None:
+            labels = [_class_index(value, named, index) for value in values]
+            if None in labels:
+                bad = values[labels.index(None)]
+                rejects.append({"key": key, "reason": _not_a_class(bad, named)})
+                continue
+        elif None in values:
+            rejects.append({"key": key, "reason": f"a null label in {values!r}"})
+            continue
+        else:
+            labels = [str(value) for value in values]
+        labels = list(dict.fromkeys(labels))  # a label twice on one image counts once
+        if not labels and not rules.allow_empty:
+            reason = (
+                "no labels (an empty list); pass allow_empty_labels=True to keep it as a negative"
+            )
+            rejects.append({"key": key, "reason": reason})
+            continue
+        if rules.max_labels is not None and len(labels) > rules.max_labels:
+            reason = f"{len(labels)} labels, more than max_labels={rules.max_labels}"
+            rejects.append({"key": key, "reason": reason})
+            continue
+        accepted.append((row, labels))
+    if named is not None:
+        class_names = list(named)
+    else:
+        class_names = class_names_of([name for _, labels in accepted for name in labels])
+        index = {name: i for i, name in enumerate(class_names)}
+        accepted = [(row, [index[name] for name in labels]) for row, labels in accepted]
+    items, found = [], []
+    for (key, _, split, member, _, weight), labels in accepted:
+        indices = tuple(sorted(labels))
+        items.append(Item(key, -1, split, None, len(found), labels=indices, weight=weight))
+        found.append(member)
+    return _made(source, files, items, class_names, presplit, rejects, found, temp_dir, True)
+
+
+def _class_index(value: Any, named: list[str], index: dict[str, int]) -> int | None:
+    """A label's class index under the metadata's names (an index, or a name); None if
+    it is neither."""
+    # bool is an int in Python: True is no class index.
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(named):
+        return value
+    if isinstance(value, str) and value in index:
+        return index[value]
+    return None
+
+
+def _made(source, files, items, class_names, presplit, rejects, found, temp_dir, multi) -> Source:
+    """The :class:`MemberSource` of the items kept (logged)."""
     log.info(
         "%s: %d images in %d classes from %d Parquet file(s)%s",
         source,
@@ -395,6 +592,8 @@ def _source(source, files, rows, named, presplit: bool, temp_dir: str) -> Source
         items=items,
         presplit=presplit,
         rejects=rejects,
+        multi_label=multi,
+        weighted=any(item.weight is not None for item in items),
         members=found,
         containers=list(files),
         temp_dir=temp_dir,

@@ -16,6 +16,14 @@ CSV list's are); names are sorted. An image without a label member, or with a
 label that does not parse, is rejected with the reason; so are truncated and
 undecodable members. Hidden files and ``__MACOSX`` are skipped, as in folders.
 
+Several labels per image (multi-label): a ``.json`` holding a list
+(``["cat", "night"]``, ``[3, 7]``) or an object whose ``"labels"`` (or
+``"label"``) holds one, or, with ``label_mode="multi"`` or when any ``.txt``
+holds the separator, a ``.txt`` of labels between separators (``cat|night``).
+``label_mode="auto"`` chooses multi when any sample has such a label (logged).
+A sample with no label (``[]``, an empty ``.txt``) is rejected unless empty
+labels are allowed (a negative); so is one with more than ``max_labels``.
+
 The source is one ``.tar`` (compressed ones too: unpacked once, see
 :mod:`.archives`), or a pattern naming shards: brace ranges and
 lists (``shard-{000000..000099}.tar``, ``{train,extra}-0.tar``) and globs
@@ -33,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 from chute.errors import ChuteError
@@ -44,6 +53,7 @@ from chute.ingest.sources.base import (
     LABEL_EXTENSIONS,
     LITTER,
     Item,
+    LabelRules,
     MemberSource,
     ProgressFn,
     Source,
@@ -57,6 +67,9 @@ MAX_SHARDS = 100_000
 _BRACES = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
 _INTEGER = re.compile(r"-?\d+")
+_NO_RULES = LabelRules()
+
+log = logging.getLogger(__name__)
 
 
 def is_pattern(source: str) -> bool:
@@ -147,7 +160,13 @@ def shard_paths(pattern: str) -> list[str]:
     return paths
 
 
-def scan_pattern(pattern: str, *, max_pixels: int, progress: ProgressFn | None = None) -> Source:
+def scan_pattern(
+    pattern: str,
+    *,
+    max_pixels: int,
+    progress: ProgressFn | None = None,
+    labels: LabelRules = _NO_RULES,
+) -> Source:
     """The samples of every shard a pattern names, as one :class:`Source`.
 
     Raises:
@@ -179,7 +198,7 @@ def scan_pattern(pattern: str, *, max_pixels: int, progress: ProgressFn | None =
                     "such samples"
                 )
             shards.append((name, listing))
-        return samples_source(pattern, shards, temp_dir, containers=paths)
+        return samples_source(pattern, shards, temp_dir, containers=paths, labels=labels)
     # BaseException: Ctrl-C mid-unpack must not leave the scratch folder behind.
     except BaseException:
         archives.remove(temp_dir)
@@ -221,18 +240,27 @@ def samples_source(
     temp_dir: str | None = None,
     *,
     containers: list[str] | None = None,
+    labels: LabelRules = _NO_RULES,
 ) -> Source:
     """The items of WebDataset shards (``(shard name, listing)``, in order), sorted by key."""
-    pending: list[tuple[str, str, members_lib.Member]] = []
+    # Every sample's label first: whether the source is multi-label depends on them all.
+    read = []
+    for _, listing in shards:
+        samples = sorted(_samples(listing.files).items())
+        read.append([(key, extensions, _label(key, extensions)) for key, extensions in samples
+                     if any(extension in IMAGE_EXTS for extension in extensions)])  # fmt: skip
+    multi = _is_multi(location, [found for sample in read for *_, found in sample], labels)
+    pending: list[tuple[str, str | tuple[str, ...], members_lib.Member]] = []
     rejects: list[dict] = []
-    for shard, listing in shards:
+    for (shard, listing), samples in zip(shards, read, strict=True):
         temp_dir = temp_dir or listing.temp_dir
         rejects += [{"key": f"{shard}/{r['key']}", "reason": r["reason"]} for r in listing.rejects]
-        for key, extensions in sorted(_samples(listing.files).items()):
+        for key, extensions, (value, label_extension, problem) in samples:
             images = sorted(extension for extension in extensions if extension in IMAGE_EXTS)
-            if not images:
-                continue
-            label, problem = _label(key, extensions)
+            label = value
+            if problem is None:
+                member = f"{key}.{label_extension}"
+                label, problem = _labels_as(shard, member, value, multi, labels)
             for extension in images:
                 entry = extensions[extension]
                 # The member's own reject (truncated, too large) comes before the label's.
@@ -243,53 +271,138 @@ def samples_source(
                     pending.append((f"{shard}/{entry.name}", label, entry.member))
     # Sorted by key: the order never depends on how the shards were listed.
     pending.sort(key=lambda sample: sample[0])
-    class_names = class_names_of([label for _, label, _ in pending])
+    if multi:
+        class_names = class_names_of([name for _, names, _ in pending for name in names])
+    else:
+        class_names = class_names_of([label for _, label, _ in pending])
     label_of = {name: i for i, name in enumerate(class_names)}
-    items = [Item(key, label_of[label], None, None, i) for i, (key, label, _) in enumerate(pending)]
+    items = [
+        Item(key, -1, None, None, i, labels=tuple(sorted(label_of[n] for n in label)))
+        if multi
+        else Item(key, label_of[label], None, None, i)
+        for i, (key, label, _) in enumerate(pending)
+    ]
     return MemberSource(
         "webdataset",
         location,
         class_names,
         items,
         rejects=rejects,
+        multi_label=multi,
         members=[member for *_, member in pending],
         containers=containers or [location],
         temp_dir=temp_dir,
     )
 
 
-def _label(key: str, extensions: dict[str, archives.Entry]) -> tuple[str, str | None]:
-    """A sample's label as a class name, or why there is none."""
+def _is_multi(location: str, found: list[tuple], rules: LabelRules) -> bool:
+    """Whether the samples are multi-label: as asked, or in ``auto`` mode when a label is
+    a JSON list or a ``.txt`` holds the separator (logged)."""
+    if rules.mode != "auto":
+        return rules.mode == "multi"
+    lists = sum(isinstance(value, tuple) for value, _, problem in found if problem is None)
+    separated = sum(
+        extension == "txt" and isinstance(value, str) and rules.separator in value
+        for value, extension, problem in found
+        if problem is None
+    )
+    if lists:
+        log.info("multi-label: %d samples of %s hold a JSON list of labels", lists, location)
+    elif separated:
+        log.info("multi-label: %d .txt labels of %s hold %r", separated, location, rules.separator)
+    return bool(lists or separated)
+
+
+def _labels_as(
+    shard: str, name: str, value: str | tuple[str, ...], multi: bool, rules: LabelRules
+) -> tuple[str | tuple[str, ...], str | None]:
+    """A sample's label as the source reads it: a class name (single-label) or a tuple of
+    names (multi-label), or why the sample is rejected.
+
+    Raises:
+        ChuteError: a ``.txt`` whose separator leaves an empty name.
+    """
+    if not multi:
+        if isinstance(value, tuple):
+            return "", f"label member {name} holds a list of labels; label_mode='multi' reads it"
+        return value, None if value else f"label member {name} is empty"
+    if isinstance(value, tuple):
+        names = value
+    elif name.endswith(".txt") and value:
+        names = tuple(_canonical(part) for part in value.split(rules.separator))
+        if not all(names):
+            raise ChuteError(
+                f"{shard}/{name}: the labels {value!r} split at the separator "
+                f"{rules.separator!r} leave an empty name; remove the extra "
+                f"{rules.separator!r}, or pass `label_separator` (--label-separator) if the "
+                "labels are separated otherwise"
+            )
+    else:
+        names = (value,) if value else ()
+    names = tuple(dict.fromkeys(names))  # a label twice on one image counts once
+    if not names and not rules.allow_empty:
+        return (), (
+            f"no labels in label member {name}; pass allow_empty_labels=True "
+            "(--allow-empty-labels) to keep it as a negative"
+        )
+    if rules.max_labels is not None and len(names) > rules.max_labels:
+        return (), f"{len(names)} labels in {name}, more than max_labels={rules.max_labels}"
+    return names, None
+
+
+def _canonical(name: str) -> str:
+    """A label name as a class name: stripped, an integer without leading zeros."""
+    name = name.strip()
+    return str(int(name)) if _INTEGER.fullmatch(name) else name
+
+
+def _label(
+    key: str, extensions: dict[str, archives.Entry]
+) -> tuple[str | tuple[str, ...], str, str | None]:
+    """A sample's label (a class name, empty for an empty member, or a JSON list's names),
+    the extension of the member it came from, or why there is none."""
     extension = next((e for e in LABEL_EXTENSIONS if e in extensions), None)
     if extension is None:
-        return "", f"no label: the sample has no {key}.cls, .json or .txt member"
+        return "", "", f"no label: the sample has no {key}.cls, .json or .txt member"
     name, entry = f"{key}.{extension}", extensions[extension]
     try:
         data = _small(entry)
         # utf-8-sig: a label file saved with a byte-order mark still reads as its text.
         text = data.decode("utf-8-sig").strip()
     except members_lib.MemberError as error:
-        return "", f"label member {name}: {error}"
+        return "", extension, f"label member {name}: {error}"
     except UnicodeDecodeError:
-        return "", f"label member {name}: not UTF-8 text"
+        return "", extension, f"label member {name}: not UTF-8 text"
     if extension == "json":
         try:
             value = json.loads(text)
         except ValueError as error:
-            return "", f"label member {name}: not JSON ({error})"
+            return "", extension, f"label member {name}: not JSON ({error})"
         if isinstance(value, dict):
-            if "label" not in value and "cls" not in value:
-                return "", f"label member {name}: a JSON object without 'label' or 'cls'"
-            value = value["label"] if "label" in value else value["cls"]
+            field = next((f for f in ("labels", "label", "cls") if f in value), None)
+            if field is None:
+                return (
+                    "",
+                    extension,
+                    (f"label member {name}: a JSON object without 'label' or 'cls'"),
+                )
+            value = value[field]
+        values = value if isinstance(value, list) else [value]
         # bool is an int in Python: true is no label.
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            return "", f"label member {name}: a label is an integer or a string, not {value!r}"
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int | str)]
+        if bad:
+            return (
+                "",
+                extension,
+                (f"label member {name}: a label is an integer or a string, not {bad[0]!r}"),
+            )
+        if isinstance(value, list):
+            names = tuple(_canonical(str(v)) for v in value)
+            if not all(names):
+                return "", extension, f"label member {name}: an empty label in {value!r}"
+            return names, extension, None
         text = str(value).strip()
-    if not text:
-        return "", f"label member {name} is empty"
-    if _INTEGER.fullmatch(text):
-        text = str(int(text))  # "007" and "7" are class 7
-    return text, None
+    return _canonical(text), extension, None
 
 
 def _small(entry: archives.Entry) -> bytes:

@@ -231,14 +231,22 @@ class Batches:
                 key.append(self.offset[1])
             rng = np.random.default_rng(key)
         images = np.zeros((len(records), *plan.shape), np.uint8)
-        labels = np.zeros(len(records), np.int64)
+        if plan.multi_label:  # a 0/1 row per image (padding: all 0)
+            labels = np.zeros((len(records), plan.num_classes), np.float32)
+        else:
+            labels = np.zeros(len(records), np.int64)
         weights = (records >= 0).astype(np.float32)
         for slot, record in enumerate(records):
             if record < 0:  # padding: zeros, weight 0
                 continue
             values = self.source[int(record)]
             images[slot] = self._pixels(values, rng)
-            labels[slot] = values["class"]
+            if plan.multi_label:
+                labels[slot, values["labels"]] = 1
+            else:
+                labels[slot] = values["class"]
+            if plan.weights:  # the record's own weight (padding never comes with weights)
+                weights[slot] = values["weight"][0]
         return self.finish(images, labels, weights)
 
     def _pixels(self, values: dict, rng: np.random.Generator | None) -> np.ndarray:
@@ -268,7 +276,8 @@ class Batches:
 
 class Finish:
     """A batch of ``(images, labels, weights)`` as ``chute.load`` yields it: labels in the
-    label mode, images in the dtype, weights only with ``pad_final_batch``."""
+    label mode, images in the dtype, weights only with ``pad_final_batch`` (0 on the
+    padding) or sample weights (each record's)."""
 
     def __init__(self, plan: GrainPlan):
         self.plan = plan
@@ -284,13 +293,15 @@ class Finish:
                 images = images.astype(ml_dtypes.bfloat16)
         if plan.label_mode is None:
             return images
-        if plan.label_mode == "int":
+        if plan.multi_label:
+            pass  # already 0/1 float rows
+        elif plan.label_mode == "int":
             labels = labels.astype(np.int32)
         elif plan.label_mode == "binary":
             labels = labels.astype(np.float32).reshape(-1, 1)
         else:
             labels = np.eye(plan.num_classes, dtype=np.float32)[labels]
-        if plan.pad_final_batch:
+        if plan.pad_final_batch or plan.weights:
             return images, labels, weights
         return images, labels
 

@@ -41,7 +41,10 @@ class GrainPlan:
         heavy: augmentations left to the train step (``augment_on="device"``).
         num_classes: the dataset's classes (for one-hot labels).
         dtype: of the images yielded: ``"uint8"``, or ``"float32"``/``"bfloat16"`` in [0, 1].
-        label_mode: ``"int"``, ``"categorical"``, ``"binary"``, or None (images alone).
+        label_mode: ``"int"``, ``"categorical"``, ``"binary"``, ``"multi_hot"`` (a
+            multi-label dataset), or None (images alone).
+        multi_label: the records hold ``labels`` lists, not one ``class``.
+        weights: each batch carries the records' sample weights (third element).
         pad_final_batch: evaluation's last batch padded to full size, each batch with
             weights (0 for padding), every pipeline running the largest share's steps.
         repeat: each ``iter()`` runs on from epoch to epoch (training) or repeats the
@@ -75,6 +78,8 @@ class GrainPlan:
     sampling: Any
     workers: int | None
     shard_window: int | None = None
+    multi_label: bool = False
+    weights: bool = False
 
     @property
     def num_examples(self) -> int:
@@ -147,7 +152,9 @@ def make_plan(
         heavy=tuple(heavy),
         num_classes=manifest.num_classes,
         dtype=options.dtype,
-        label_mode=options.label_mode,
+        label_mode=aim.label_mode,
+        multi_label=aim.multi_label,
+        weights=aim.weights,
         pad_final_batch=options.pad_final_batch,
         repeat=options.repeat,
         seed=None if options.seed is None else int(options.seed),

@@ -17,14 +17,23 @@ def labelled(plan: ReadPlan, images, labels):
     """``(images, labels)`` in the label mode asked for (or images alone), with static shapes."""
     # Static shapes from here on: Keras and XLA compile for a known image size.
     images = tf.ensure_shape(images, (None, *plan.shape))
-    labels = tf.ensure_shape(labels, (None,))
     if plan.label_mode is None:
         return images
+    rest = ()
+    if plan.multi_label or plan.weights:  # float rows: labels, then the weight (see shards)
+        width = (plan.num_classes if plan.multi_label else 1) + plan.weights
+        labels = tf.ensure_shape(labels, (None, width))
+        if plan.weights:
+            labels, rest = labels[:, :-1], (labels[:, -1],)
+        if plan.multi_label:
+            return images, labels, *rest
+        labels = tf.cast(labels[:, 0], tf.int64)
+    labels = tf.ensure_shape(labels, (None,))
     if plan.label_mode == "int":
-        return images, tf.cast(labels, tf.int32)
+        return images, tf.cast(labels, tf.int32), *rest
     if plan.label_mode == "binary":
-        return images, tf.cast(tf.reshape(labels, (-1, 1)), tf.float32)
-    return images, tf.one_hot(labels, plan.num_classes, dtype=tf.float32)
+        return images, tf.cast(tf.reshape(labels, (-1, 1)), tf.float32), *rest
+    return images, tf.one_hot(labels, plan.num_classes, dtype=tf.float32), *rest
 
 
 def finisher(plan: ReadPlan, augmentation: DeviceAugmentation | None, host=None):
@@ -39,7 +48,7 @@ def finisher(plan: ReadPlan, augmentation: DeviceAugmentation | None, host=None)
         if augmentation:  # on the host: images (and one-hot labels, for MixUp/CutMix)
             if plan.label_mode is None:
                 out = augmentation(out)
-            elif augmentation.mixing:
+            elif augmentation.mixing:  # never with sample weights (see chute.read.target)
                 out = augmentation(*out)
             else:
                 out = (augmentation(out[0]), out[1])

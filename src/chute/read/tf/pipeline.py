@@ -104,14 +104,15 @@ def _blocks(plan: ReadPlan, read, label: int | None = None):
         deterministic=plan.deterministic,
     )
     # Class sampling: this class's records only, picked by the label parsed with the block.
-    ds = ds.map(_of_class(label)) if label is not None else ds
+    ds = ds.map(_of_class(label, plan.weights)) if label is not None else ds
     # Fewer shards than input pipelines: each keeps every n-th record (of the class).
     return ds.apply(_every_nth(plan))
 
 
-def _of_class(label: int):
+def _of_class(label: int, weighted: bool):
     def keep(data, labels):
-        mine = tf.equal(labels, label)
+        # with sample weights a label is a float row (class, weight): see shards.targets
+        mine = tf.equal(labels[:, 0], label) if weighted else tf.equal(labels, label)
         return tf.boolean_mask(data, mine), tf.boolean_mask(labels, mine)
 
     return keep

@@ -92,6 +92,8 @@ class ReadPlan:
     dtype: str
     label_mode: str | None
     per_image: bool
+    multi_label: bool
+    weights: bool
     random_crop: tuple[tuple[float, float], tuple[float, float]] | None
     flip: bool
     crop_fraction: float
@@ -225,8 +227,10 @@ def make_plan(
         share=part if input_context is not None else None,
         seed=None if seed is None else int(seed),
         dtype=options.dtype,
-        label_mode=options.label_mode,
+        label_mode=aim.label_mode,
         per_image=per_image,
+        multi_label=aim.multi_label,
+        weights=aim.weights,
         random_crop=aim.random_crop,
         flip=per_image and training and options.augment_spec.flip,
         # Training crops at random instead; the centre crop is evaluation's.

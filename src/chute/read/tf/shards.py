@@ -42,7 +42,9 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
     of 256).
     """
     # Parsed a block at a time: per-record steps on serialized records cost more than parsing.
-    features = records.parse_features(records.IMAGE, records.CLASS)
+    label = records.LABELS if plan.multi_label else records.CLASS
+    weight = (records.WEIGHT,) if plan.weights else ()
+    features = records.parse_features(records.IMAGE, label, *weight)
     stored = plan.stored
     if stored.encoding == "raw":
         shape = [-1, *stored.shape]
@@ -62,7 +64,7 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
             seen, skipped = state
             read_now = tf.size(block, out_type=tf.int64)
             parsed = tf.io.parse_example(block, features)
-            data, labels = parsed[records.IMAGE], parsed[records.CLASS]
+            data, labels = parsed[records.IMAGE], targets(plan, parsed)
             if stored.encoding == "raw":
                 ok = tf.equal(tf.strings.length(data), shape[1] * shape[2] * shape[3])
             else:
@@ -107,6 +109,26 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
         return blocks.concatenate(end).scan(start, check_block)
 
     return read
+
+
+def targets(plan: ReadPlan, parsed: dict):
+    """A block's labels as one tensor a record: the class (int64, as ever), or, for a
+    multi-label dataset or with sample weights, float32 rows of the multi-hot labels
+    (or the class) and then the weight (one tensor, so every later step that gathers,
+    shuffles or batches labels carries them unchanged; :func:`.finish.labelled` splits
+    them)."""
+    if plan.multi_label:
+        # the sparse label lists become a 0/1 row per record, of static width
+        labels = tf.sparse.to_indicator(parsed[records.LABELS], plan.num_classes)
+        labels = tf.cast(labels, tf.float32)
+    else:
+        labels = parsed[records.CLASS]
+        if not plan.weights:
+            return labels
+        labels = tf.cast(labels[:, None], tf.float32)  # exact: class indices < 2**24
+    if plan.weights:
+        labels = tf.concat([labels, parsed[records.WEIGHT][:, None]], axis=1)
+    return labels
 
 
 def _check(condition, message):
