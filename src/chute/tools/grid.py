@@ -1,60 +1,50 @@
 """Pictures of a dataset: a grid of sample images per class with class names.
 
+A multi-label dataset gets one row per label, of images carrying that label (an
+image carrying several shows in each of their rows), under a title that says so.
+
 Class names are captioned as in the training pictures (:func:`chute.fit.plots.caption`):
 in a font on the machine that can draw them, else with the label index alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
-from collections.abc import Iterator
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from chute import checks
-from chute.errors import ChuteError
 from chute.fit.plots import caption, save_png
 from chute.format import manifest as manifest_lib
-from chute.format import parse, records, remote, storage
+from chute.format import parse, records
+from chute.tools import labels
 
 log = logging.getLogger(__name__)
-_TITLE_HEIGHT = 24  # the title row, drawn when some classes are left out
+_TITLE_HEIGHT = 24  # the title row: drawn when some classes are left out, or multi-label
 
 
 def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], per_class: int):
     wanted = {label: [] for label in classes}
     channels = manifest.image.channels
-    for path in manifest.shard_paths(split):
-        # read in plain Python (no TensorFlow), so a dataset in any bucket fsspec reaches too;
-        # a store's refusal part-way is one line, as when the shard is opened
-        errors = contextlib.nullcontext() if storage.is_local(path) else remote.errors(path)
-        with errors, storage.open_file(path, "rb") as handle, _naming(manifest.location, path):
-            for record in parse.read_records(handle):
-                example = parse.record_values(record)
-                label = int(example[records.CLASS])
-                if label in wanted and len(wanted[label]) < per_class:
-                    wanted[label].append(_image(example, channels, manifest.image.encoding))
-                # Stops at the first full set: a large split is not read to its end for a picture.
-                if all(len(v) >= per_class for v in wanted.values()):
-                    return wanted
+    # read in plain Python (no TensorFlow), so a dataset in any bucket fsspec reaches too
+    for record in labels.shard_records(manifest, split):
+        example = parse.record_values(record)
+        if manifest.multi_label:  # the image goes in the row of each label it carries
+            carried = [int(label) for label in example[records.LABELS]]
+        else:
+            carried = [int(example[records.CLASS])]
+        rows = [label for label in carried if label in wanted and len(wanted[label]) < per_class]
+        if rows:
+            image = _image(example, channels, manifest.image.encoding)
+            for label in rows:
+                wanted[label].append(image)
+        # Stops at the first full set: a large split is not read to its end for a picture.
+        if all(len(v) >= per_class for v in wanted.values()):
+            return wanted
     return wanted
-
-
-@contextlib.contextmanager
-def _naming(location: str, path: str) -> Iterator[None]:
-    """A damaged record's error ("the file ends inside a record's header") names the
-    shard and the dataset it is in."""
-    try:
-        yield
-    except ChuteError as error:
-        raise ChuteError(
-            f"{storage.basename(path)} of {location!r} is damaged: {error}. Check the "
-            f"dataset with `chute verify {location}`"
-        ) from None
 
 
 def _image(example: dict, channels: int, encoding: str) -> Image.Image:
@@ -102,13 +92,18 @@ def draw_grid(
     text_width = max(int(font.getlength(text)) for text, font in captions) + 12
     width, title_height = text_width + per_class * (cell + 2), 0
     title = None
+    if manifest.multi_label:  # a row is not a class: the title says what a row holds
+        title = f"{split}: images carrying each label (multi-label)"
     if len(classes) < manifest.num_classes:  # a picture must not pass for the whole dataset
         title = f"{split}: {len(classes)} of {manifest.num_classes} classes (labels spread evenly)"
+        if manifest.multi_label:
+            title = f"{split}: images carrying {len(classes)} of the {manifest.num_classes} labels"
         log.info(
             "the grid %s shows %d of the %d classes of %s, spread evenly over the labels "
             "(max_classes=%d)",
             os.fspath(out_png), len(classes), manifest.num_classes, split, max_classes,
         )  # fmt: skip
+    if title:
         title_font = ImageFont.load_default(size=14)
         width = max(width, int(title_font.getlength(title)) + 12)
         title_height = _TITLE_HEIGHT

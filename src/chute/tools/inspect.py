@@ -1,6 +1,9 @@
 """``chute inspect``: a readable summary of a converted dataset, from its manifest alone.
 
-It reads no shard, so it is instant even for a dataset on a bucket.
+It reads no shard, so it is instant even for a dataset on a bucket; a multi-label
+or weighted dataset's labels block (negatives, labels per image, labels seen
+together, weights) is the exception: the manifest does not hold those, so the
+records' labels are read (:mod:`chute.tools.labels`, no image decoded).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ import os
 import statistics
 
 from chute.format import manifest as manifest_lib
+from chute.tools import labels as label_lib
 
 _LIST_CLASSES_UP_TO = 20
 _SMALLEST_SHOWN = 3  # classes named on each split's imbalance line
@@ -17,6 +21,8 @@ _SMALLEST_SHOWN = 3  # classes named on each split's imbalance line
 def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int = 10) -> str:
     """Summarises a converted dataset: classes, counts, image spec, shards, rejects, and
     each split's class imbalance (largest / smallest class, and the smallest classes).
+    A multi-label dataset's counts are the images carrying each label, with their share
+    of the split, and a labels block follows (see :func:`chute.tools.labels.describe`).
 
     With many classes the per-class table is replaced by min/median/max and
     the smallest and largest classes.
@@ -33,8 +39,13 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
         size = f"shorter side <= {spec.shorter_side}"
     else:
         size = "original sizes"
+    classes = f"{manifest.num_classes} classes"
+    if manifest.multi_label:
+        classes = f"{manifest.num_classes} labels (multi-label)"
+    if manifest.weighted:
+        classes += " with sample weights"
     lines = [
-        f"{manifest.location}: {manifest.num_classes} classes, {size}, {spec.channels} "
+        f"{manifest.location}: {classes}, {size}, {spec.channels} "
         f"channel(s), {spec.encoding} ({manifest.created_by})",
         f"source: {manifest.source.get('location')} ({manifest.source.get('kind')}, "
         f"{manifest.source.get('num_items')} items)",
@@ -54,12 +65,8 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
     lines.append("imbalance (largest / smallest class):")
     lines += [f"  {imbalance(manifest, name)}" for name in manifest.splits]
     lines.append("")
-    split_names = list(manifest.splits)
     if manifest.num_classes <= _LIST_CLASSES_UP_TO:
-        lines.append(f"{'label':>5}  {'class':<24}" + "".join(f"{n:>8}" for n in split_names))
-        for label, name in enumerate(manifest.class_names):
-            counts = "".join(f"{manifest.split(n).class_counts[label]:>8}" for n in split_names)
-            lines.append(f"{label:>5}  {name:<24}{counts}")
+        lines += _class_table(manifest)
     else:
         train = manifest.split("train").class_counts
         order = sorted(range(manifest.num_classes), key=lambda i: (train[i], i))
@@ -67,6 +74,11 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
         lines.append(f"smallest classes in train: {show(order[:5])}")
         lines.append(f"largest classes in train:  {show(order[-5:][::-1])}")
     lines.append("")
+    if manifest.multi_label or manifest.weighted:
+        lines.append("labels (read from the records):")
+        stats = label_lib.label_stats(manifest)
+        lines += [f"  {line}" for line in label_lib.describe(manifest, stats)]
+        lines.append("")
     lines += [f"warning: {text}" for text in manifest.warnings]
     lines.append(f"rejected inputs: {len(manifest.rejects)}")
     for reject in manifest.rejects[:max_rejects]:
@@ -79,6 +91,28 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
         "to keep them out of two splits)"
     )
     return "\n".join(lines)
+
+
+def _class_table(manifest: manifest_lib.Manifest) -> list[str]:
+    """Each class's count per split (multi-label: the images carrying it, and their share)."""
+    split_names = list(manifest.splits)
+    width = 15 if manifest.multi_label else 8
+
+    def cell(split: str, label: int) -> str:
+        found = manifest.split(split)
+        count = found.class_counts[label]
+        if not manifest.multi_label:
+            return f"{count:>{width}}"
+        share = f"{100 * count / found.examples:.0f}%" if found.examples else "-"
+        return f"{f'{count} ({share})':>{width}}"
+
+    lines = [f"{'label':>5}  {'class':<24}" + "".join(f"{n:>{width}}" for n in split_names)]
+    if manifest.multi_label:  # a count is not the images of a class: the caption says so
+        lines.insert(0, "images carrying each label (share of the split):")
+    for label, name in enumerate(manifest.class_names):
+        counts = "".join(cell(split, label) for split in split_names)
+        lines.append(f"{label:>5}  {name:<24}{counts}")
+    return lines
 
 
 def imbalance(manifest: manifest_lib.Manifest, split: str) -> str:

@@ -2,8 +2,10 @@
 
 Checks, per shard: the file exists with the manifest's size and sha256;
 every record's CRCs hold and it parses; every image decodes to the
-manifest's spec (size, channels, encoding); every label is in range; the
-record count and per-class counts match; and, where the manifest names one,
+manifest's spec (size, channels, encoding); every label is in range (a
+multi-label record's ``labels``, else its ``class``) and every weight, where the
+dataset has them, a finite number >= 0; the record count and per-class counts
+(multi-label: the images carrying each label) match; and, where the manifest names one,
 the shard's record index (:mod:`chute.format.index`) is there with the
 manifest's sha256 and gives every record's true offset and length. Indexes
 are optional (``chute index`` adds them to a dataset converted without, and
@@ -228,8 +230,7 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
         return _read_records_python(path, manifest)
     spec = manifest.image
     height, width, channels, encoding = (*spec.shape, spec.encoding)
-    num_classes = manifest.num_classes
-    features = records.parse_features(records.IMAGE, records.CLASS, records.SIZE)
+    features = {**records.parse_features(records.IMAGE, records.SIZE), **_label_features(manifest)}
 
     def check(serialized):
         example = tf.io.parse_single_example(serialized, features)
@@ -247,7 +248,7 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
             ok = tf.reduce_all(tf.equal(shape[:2], size))
         if height is not None:
             ok = tf.logical_and(ok, tf.reduce_all(tf.equal(size, [height, width])))
-        return example[records.CLASS], ok
+        return _label_outputs(example, serialized, manifest), ok
 
     dataset = (
         tf.data.TFRecordDataset(path)
@@ -259,9 +260,9 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
     # `count` moves a batch at a time: where a batch fails, the message names the record
     # found by reading again from the batch's start (the failure path only).
     count = 0
-    class_counts = np.zeros(num_classes, np.int64)
+    class_counts = np.zeros(manifest.num_classes, np.int64)
     try:
-        for labels, ok in dataset.as_numpy_iterator():
+        for outputs, ok in dataset.as_numpy_iterator():
             bad = np.flatnonzero(~ok)
             if len(bad):
                 return (
@@ -269,18 +270,10 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
                     [],
                     f"record {count + bad[0]} does not match the image spec {spec.describe()}",
                 )
-            out_of_range = np.flatnonzero((labels < 0) | (labels >= num_classes))
-            if len(out_of_range):
-                return (
-                    count,
-                    [],
-                    (
-                        f"record {count + out_of_range[0]} has label {labels[out_of_range[0]]}, "
-                        f"outside 0..{num_classes - 1}"
-                    ),
-                )
-            class_counts += np.bincount(labels, minlength=num_classes)
-            count += len(labels)
+            problem = _tally(outputs, count, class_counts, manifest.num_classes)
+            if problem:
+                return count, [], problem
+            count += len(ok)
     # TensorFlow's message names no record or byte: the framing is scanned again to say which.
     except tf.errors.DataLossError:
         return count, [], _damage(path, count)
@@ -292,6 +285,91 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
             f"record {number} does not parse or decode: {error.message.splitlines()[0]}",
         )
     return count, class_counts.tolist(), None
+
+
+def _label_features(manifest: manifest_lib.Manifest) -> dict:
+    """The parse spec of what a record says of its image besides the pixels."""
+    features = records.parse_features(records.LABELS if manifest.multi_label else records.CLASS)
+    if manifest.weighted:
+        # No default (readers take 1.0): a record without its weight is damage to name.
+        features[records.WEIGHT] = tf.io.FixedLenFeature([], tf.float32)
+    return features
+
+
+def _label_outputs(example: dict, serialized, manifest: manifest_lib.Manifest) -> dict:
+    """A record's labels as :func:`_tally` checks them: its ``class``, or (multi-label)
+    ``carried`` (a 0/1 row over the classes), ``outside`` (its labels out of range, -1
+    where in range) and ``present`` (whether it has a ``labels`` feature); ``weight``."""
+    outputs = {}
+    if manifest.weighted:
+        outputs[records.WEIGHT] = example[records.WEIGHT]
+    if not manifest.multi_label:
+        outputs[records.CLASS] = example[records.CLASS]
+        return outputs
+    num_classes = manifest.num_classes
+    labels = example[records.LABELS].values
+    inside = (labels >= 0) & (labels < num_classes)
+    # one_hot gives a row of zeros for a label out of range: those are reported, not counted.
+    hot = tf.reduce_sum(tf.one_hot(labels, num_classes, dtype=tf.int64), axis=0)
+    outputs["carried"] = tf.minimum(hot, 1)
+    # The first label out of range, found by its position (-1: none).
+    outputs["outside"] = tf.concat([tf.boolean_mask(labels, ~inside), [-1]], 0)[0]
+    outputs["outside_any"] = tf.reduce_any(~inside)
+    # A VarLenFeature reads a missing `labels` as an empty list (a negative): the
+    # Example's own feature names say whether it is there.
+    _, (entries,) = tf.io.decode_proto(
+        tf.reshape(serialized, [1]), "tensorflow.Example", ["features"], [tf.string]
+    )
+    _, (entries,) = tf.io.decode_proto(
+        tf.reshape(entries, [-1]), "tensorflow.Features", ["feature"], [tf.string]
+    )
+    _, (names,) = tf.io.decode_proto(
+        tf.reshape(entries, [-1]), "tensorflow.Features.FeatureEntry", ["key"], [tf.string]
+    )
+    outputs["present"] = tf.reduce_any(tf.equal(names, records.LABELS))
+    return outputs
+
+
+def _tally(outputs: dict, count: int, class_counts: np.ndarray, num_classes: int) -> str | None:
+    """Adds one batch of :func:`_label_outputs` to ``class_counts``; the first problem
+    (naming its record, numbered from ``count``) instead, if there is one."""
+    problems = []  # (record, what is wrong): the batch's first is reported
+    if records.CLASS in outputs:
+        labels = outputs[records.CLASS]
+        outside = np.flatnonzero((labels < 0) | (labels >= num_classes))
+        if len(outside):
+            problems.append((outside[0], _outside(labels[outside[0]], num_classes)))
+        carried = np.bincount(labels[(labels >= 0) & (labels < num_classes)], minlength=num_classes)
+    else:
+        missing = np.flatnonzero(~outputs["present"])
+        if len(missing):
+            problems.append((missing[0], f"does not parse or decode: {_no(records.LABELS)}"))
+        outside = np.flatnonzero(outputs["outside_any"])
+        if len(outside):
+            problems.append((outside[0], _outside(outputs["outside"][outside[0]], num_classes)))
+        carried = outputs["carried"].sum(axis=0)
+    if records.WEIGHT in outputs:
+        weights = outputs[records.WEIGHT]
+        wrong = np.flatnonzero(~(np.isfinite(weights) & (weights >= 0)))
+        if len(wrong):
+            problems.append((wrong[0], _wrong_weight(weights[wrong[0]])))
+    if problems:
+        number, problem = min(problems, key=lambda found: found[0])
+        return f"record {count + number} {problem}"
+    class_counts += carried
+    return None
+
+
+def _outside(label: int, num_classes: int) -> str:
+    return f"has label {label}, outside 0..{num_classes - 1}"
+
+
+def _no(feature: str) -> str:
+    return f"it has no `{feature}` feature"
+
+
+def _wrong_weight(weight: float) -> str:
+    return f"has weight {weight:g}, not a finite number >= 0"
 
 
 def _read_records_python(
@@ -316,13 +394,11 @@ def _read_records_python(
             except ChuteError as error:
                 return count, [], f"record {count} does not parse or decode: {error}"
             try:
-                label = _check_record(values, manifest)
+                classes = _check_record(values, manifest)
             except ChuteError as error:
                 return count, [], f"record {count} {error}"
-            if not 0 <= label < manifest.num_classes:
-                outside = f"outside 0..{manifest.num_classes - 1}"
-                return count, [], f"record {count} has label {label}, {outside}"
-            class_counts[label] += 1
+            # a set: an image carrying a label counts once for it, as the manifest counts
+            class_counts[list(set(classes))] += 1
             count += 1
             pos = end
     return count, class_counts.tolist(), None
@@ -338,17 +414,21 @@ def _mapped(handle: IO[bytes]) -> Iterator[bytes | mmap.mmap]:
         yield data
 
 
-def _check_record(values: dict, manifest: manifest_lib.Manifest) -> int:
-    """The label of one parsed record, once its image matches the manifest's spec.
+def _check_record(values: dict, manifest: manifest_lib.Manifest) -> tuple[int, ...]:
+    """The class (or, multi-label, classes) of one parsed record, once its image matches
+    the manifest's spec, its labels are in range and its weight (if any) is good.
 
     Raises:
         ChuteError: the record lacks a feature, its image does not decode (the message
-            starts "does not parse or decode"), or the image is off the spec.
+            starts "does not parse or decode"), the image is off the spec, a label is
+            out of range or the weight is not a finite number >= 0.
     """
     spec = manifest.image
-    missing = [name for name in (records.IMAGE, records.CLASS, records.SIZE) if name not in values]
+    target = records.LABELS if manifest.multi_label else records.CLASS
+    wanted = (records.IMAGE, target, records.SIZE, *([records.WEIGHT] * manifest.weighted))
+    missing = [name for name in wanted if name not in values]
     if missing:
-        raise ChuteError(f"does not parse or decode: it has no `{missing[0]}` feature")
+        raise ChuteError(f"does not parse or decode: {_no(missing[0])}")
     image, size = values[records.IMAGE], values[records.SIZE].tolist()
     if spec.encoding == "raw":
         ok = len(image) == size[0] * size[1] * spec.channels
@@ -362,7 +442,18 @@ def _check_record(values: dict, manifest: manifest_lib.Manifest) -> int:
         ok = ok and size == [spec.height, spec.width]
     if not ok:
         raise ChuteError(f"does not match the image spec {spec.describe()}")
-    return int(values[records.CLASS])
+    labels = values[target]
+    classes = tuple(int(label) for label in labels) if manifest.multi_label else (int(labels),)
+    outside = [label for label in classes if not 0 <= label < manifest.num_classes]
+    if outside:
+        raise ChuteError(_outside(outside[0], manifest.num_classes))
+    if manifest.weighted:
+        weight = values[records.WEIGHT]
+        if len(weight) != 1:
+            raise ChuteError(f"does not parse or decode: its `weight` holds {len(weight)} values")
+        if not (np.isfinite(weight[0]) and weight[0] >= 0):
+            raise ChuteError(_wrong_weight(weight[0]))
+    return classes
 
 
 def _damage(path: str, count: int) -> str:
