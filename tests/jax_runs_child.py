@@ -168,4 +168,25 @@ with stage("fine-tuned") as folder:
         for old, new in zip(before.get_weights(), after.get_weights(), strict=True):
             changed[kind].append(bool(np.any(old != new)))
     report["fine-tuned"] = {"epochs": result.epochs_run, "changed": changed}
+
+with stage("multi-label") as folder:
+    from helpers import write_multi_label_list
+
+    listed = write_multi_label_list(folder / "src", 96)
+    chute.convert(listed, folder / "data", val_fraction=0.25, allow_empty_labels=True, workers=1)
+    result = chute.train(
+        folder / "data", folder / "run", model="kannada-cnn", epochs=2,
+        batch_size=per_device, positive_weights="balanced", verbose=0,
+    )  # fmt: skip
+    bundle = chute.load_bundle(folder / "run")
+    predicted = chute.predict(
+        folder / "run", sorted(str(p) for p in (folder / "src").rglob("*.png"))[:3]
+    )
+    report["multi-label"] = {
+        "result": dataclasses.asdict(result),
+        "thresholds": bundle.thresholds,
+        "output": list(bundle.model.output_shape),
+        "activation": bundle.model.get_layer("predictions").get_config()["activation"],
+        "predictions": len(predicted.predictions),
+    }
 (root / "report.json").write_text(json.dumps(report))

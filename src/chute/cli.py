@@ -186,7 +186,10 @@ def _add_train(commands) -> None:
 
 
 def _add_evaluate(commands) -> None:
-    evaluate = commands.add_parser("evaluate", help="loss, accuracy, top-5, per-class, confusion")
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="loss, accuracy, top-5, per-class, confusion (multi-label: mAP, per-label AP, F1)",
+    )
     evaluate.add_argument("model", metavar="RUN_OR_MODEL")
     evaluate.add_argument("data", metavar="DATA")
     evaluate.add_argument("--split", default="val")
@@ -204,7 +207,18 @@ def _add_predict(commands) -> None:
     )
     predict.add_argument("model", metavar="MODEL", help="a run folder or model bundle")
     predict.add_argument("images", metavar="IMAGES", nargs="+", help="files, folders, globs")
-    predict.add_argument("--top-k", type=int, help="classes shown (default: 5 or all)")
+    predict.add_argument(
+        "--top-k",
+        type=int,
+        help="classes shown (default: 5 or all; a multi-label model: the labels at or above "
+        "their thresholds, or with --top-k the K highest scores)",
+    )
+    predict.add_argument(
+        "--threshold",
+        type=float,
+        help="a multi-label model: one threshold (0 to 1) for every label (default: the "
+        "bundle's tuned ones)",
+    )
     output = predict.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true")
     output.add_argument("--csv", action="store_true")
@@ -366,7 +380,7 @@ def _convert(args: argparse.Namespace) -> int:
         f"converted {args.source} -> {args.output}{on} in {result.seconds:.1f} s "
         f"({rate:,.0f} images/s)"
     )
-    print(f"  {manifest.num_classes} classes, {manifest.image.describe()}")
+    print(f"  {_labels_headline(manifest)}, {manifest.image.describe()}")
     for name, split in manifest.splits.items():
         print(f"  {name:<5} {split.examples:>8} images in {len(split.shards)} shard(s)")
     if result.resumed_shards:
@@ -376,6 +390,23 @@ def _convert(args: argparse.Namespace) -> int:
         f"{len(manifest.duplicates)} duplicate group(s)"
     )
     return 0
+
+
+# Images: above, reading every label back to count the negatives would hold the summary up.
+_COUNT_NEGATIVES_UP_TO = 200_000
+
+
+def _labels_headline(manifest: Any) -> str:
+    """The classes ("4 classes"), or a multi-label dataset's labels with its negatives,
+    counted from the records (the manifest does not hold them) when local and few enough."""
+    from chute.format import storage
+    from chute.tools import labels
+
+    stats = None
+    images = sum(split.examples for split in manifest.splits.values())
+    if manifest.multi_label and storage.is_local(manifest.location):
+        stats = labels.label_stats(manifest) if images <= _COUNT_NEGATIVES_UP_TO else None
+    return labels.headline(manifest, stats)
 
 
 def _looks_like_images(folder: str, *, levels: int = 2, budget: int = 64) -> bool:
@@ -526,14 +557,16 @@ def _train(args: argparse.Namespace) -> int:
     result = train(
         args.data, run_dir, config=config, overwrite=args.overwrite, verbose=1 if bar else 2
     )
-    best = (
-        "n/a (no val split)"
-        if result.best_val_accuracy is None
-        else f"{result.best_val_accuracy:.4f}"
+    # a multi-label run reports its mAP estimate (per-label thresholds are in the bundle)
+    name, value = (
+        ("val mAP", result.best_val_map)
+        if result.best_val_map is not None
+        else ("val accuracy", result.best_val_accuracy)
     )
+    best = "n/a (no val split)" if value is None else f"{value:.4f}"
     print(f"trained {config.model} on {args.data} -> {result.run_dir}")
     print(
-        f"  best val accuracy {best}; {result.epochs_run} epoch(s), "
+        f"  best {name} {best}; {result.epochs_run} epoch(s), "
         f"{result.seconds_per_epoch:.1f} s/epoch, {result.images_per_second:,.0f} images/s"
     )
     devices = f"{result.strategy}: {result.replicas} replica(s)"  # tf.distribute's
@@ -552,11 +585,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from chute.fit.evaluate import evaluate
+    from chute.fit.evaluate import MultiLabelReport, evaluate
 
     _refuse_image_folder(args.data, "DATA", "evaluate")
     shard_cache = _given(args, LoadOptions)  # --cache-dir, --cache-limit
     report = evaluate(args.model, args.data, split=args.split, out_dir=args.out, **shard_cache)
+    if isinstance(report, MultiLabelReport):
+        _print_label_report(report, args.out)
+        return 0
     print(
         f"{args.split}: {report.examples} images, loss {report.loss:.4f}, "
         f"accuracy {report.accuracy:.4f}, top-5 {report.top5:.4f}"
@@ -572,18 +608,35 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_label_report(report: Any, out: str | None) -> None:
+    """A multi-label evaluation: the summary line, then the per-label table (the
+    weakest labels of a long one)."""
+    from chute.fit.evaluate_labels import REPORT_ROWS
+
+    many = len(report.labels) > REPORT_ROWS
+    print(report.table(most=REPORT_ROWS if many else None))
+    if many:
+        where = f" (every label in {out})" if out else " (--out DIR writes every label)"
+        print(f"{REPORT_ROWS} of {len(report.labels)} labels shown, lowest AP first{where}")
+    if out:
+        print(f"reports in {out}")
+
+
 def _predict(args: argparse.Namespace) -> int:
     from chute.fit.predict import predict
 
-    result = predict(args.model, args.images, top_k=args.top_k)
+    result = predict(args.model, args.images, top_k=args.top_k, threshold=args.threshold)
+    # A multi-label model shows the labels it predicts, unless --top-k asks for the top scores.
+    labels = result.multi_label and args.top_k is None
     if args.json:
         print(result.to_json())
     elif args.csv:
-        print(result.to_csv(), end="")
+        print(result.to_csv(top=not labels), end="")
     else:
         for item in result.predictions:
-            top = ", ".join(f"{name} {p:.3f}" for name, p in item.top)
-            print(f"{item.text_path}: {top}")
+            shown = item.labels if labels else item.top
+            top = ", ".join(f"{name} {p:.3f}" for name, p in shown)
+            print(f"{item.text_path}: {top or 'no label at or above its threshold'}")
     for path, reason in result.text_failures:  # names not UTF-8: as their keys, \xNN
         print(f"could not classify {path}: {reason}", file=sys.stderr)
     if not result.predictions:  # a partial success is a success; nothing classified is not

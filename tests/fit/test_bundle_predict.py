@@ -208,7 +208,7 @@ def test_load_bundle_errors(tmp_path: Path, bundle_dir: Path):
     with pytest.raises(ChuteError, match="is not a chute model bundle"):
         load_bundle(half)
     body = json.loads((bundle_dir / "chute.json").read_text())
-    (half / "chute.json").write_text(json.dumps({**body, "version": 3}))
+    (half / "chute.json").write_text(json.dumps({**body, "version": 4}))
     with pytest.raises(ChuteError, match="newer chute"):
         load_bundle(half)
     (half / "chute.json").write_text(

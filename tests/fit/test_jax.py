@@ -98,6 +98,7 @@ def _images(data: Path) -> list[str]:
 #   seeds:        a fit with augmentation in the train step (its seed variables before/after)
 #   resumed:      a run killed after epoch 2 of 4 and resumed; its bundle predicted and exported
 #   fine-tuned:   a pretrained-backbone run, a head epoch then a fine-tuning one
+#   multi-label:  a multi-label, weighted dataset converted and trained (positive weights)
 # A stage that fails is recorded with its traceback; only the tests reading it fail.
 # The program: tests/jax_runs_child.py.
 
@@ -307,6 +308,16 @@ def test_jax_fine_tunes_a_backbone_after_head_epochs(jax_runs):
 
 
 # --- in this process: choosing a backend, and what is refused ---------------------------------
+
+
+@pytest.mark.slow
+def test_jax_trains_a_multi_label_dataset(jax_runs):
+    _stage(jax_runs, "multi-label")
+    found = jax_runs["multi-label"]
+    assert found["result"]["backend"] == "jax" and found["result"]["replicas"] == DEVICES
+    assert found["activation"] == "sigmoid" and found["output"] == [None, 4]
+    assert len(found["thresholds"]) == 4 and all(0 <= t <= 1 for t in found["thresholds"])
+    assert 0 <= found["result"]["best_val_map"] <= 1 and found["predictions"] == 3
 
 
 def test_a_backend_other_than_the_running_one_is_refused(learnable, tmp_path):

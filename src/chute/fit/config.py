@@ -54,6 +54,9 @@ class TrainConfig:
         schedule: ``constant``, ``cosine`` (decay to 0 over the run) or ``exponential``.
         label_smoothing: 0 to 0.5.
         class_weights: ``None`` or ``"balanced"`` (inverse class frequency).
+        positive_weights: multi-label datasets: ``None``, or ``"balanced"`` (each
+            label's positives weigh its negatives / positives in the binary
+            cross-entropy, capped at 100: rare labels are not drowned out).
         steps_per_execution: steps per compiled call; default from the strategy.
         early_stopping: stop after this many epochs without validation gain.
         backup_every: back up every N training steps as well as each epoch. With
@@ -122,6 +125,10 @@ class TrainConfig:
     class_weights: str | None = option(
         None, "weigh classes by inverse frequency", type=str, choices=("balanced",)
     )
+    positive_weights: str | None = option(
+        None, "multi-label: weigh each label's positives by its negatives/positives", type=str,
+        choices=("balanced",),
+    )  # fmt: skip
     steps_per_execution: int | None = option(
         None, "steps per compiled call (default: from the strategy)", type=int
     )
@@ -211,6 +218,8 @@ class TrainConfig:
         checks.one_of("schedule", self.schedule, SCHEDULES)
         if self.class_weights not in CLASS_WEIGHTS:
             raise checks.bad_value("class_weights", self.class_weights, "None or 'balanced'")
+        if self.positive_weights not in CLASS_WEIGHTS:
+            raise checks.bad_value("positive_weights", self.positive_weights, "None or 'balanced'")
         rate = self.learning_rate
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 10:
             raise checks.bad_value("learning_rate", rate, "a number between 0 and 10")

@@ -1,5 +1,9 @@
 """``chute evaluate``: loss, accuracy, top-5, per-class report and confusion of a model on a split.
 
+A multi-label model (a bundle with per-label thresholds) gets a
+:class:`~chute.fit.evaluate_labels.MultiLabelReport` instead (see
+:mod:`chute.fit.evaluate_labels`).
+
 Example:
     >>> report = evaluate("./runs/kn", "./kn-shards", split="val")  # doctest: +SKIP
     >>> report.accuracy  # doctest: +SKIP
@@ -18,6 +22,7 @@ import os
 import numpy as np
 
 from chute.errors import ChuteError
+from chute.fit.evaluate_labels import MultiLabelReport, evaluate_labels
 from chute.fit.plots import HEAT_MAP_CLASSES, draw_confusion, thumbnail
 from chute.format import manifest as manifest_lib
 from chute.format import storage
@@ -167,7 +172,7 @@ def evaluate(
     out_dir: str | os.PathLike | None = None,
     cache_dir: str | None = None,
     cache_limit: int | str | None = None,
-) -> EvalReport:
+) -> EvalReport | MultiLabelReport:
     """Evaluates a trained model (run directory or bundle) on a converted split.
 
     ``run_or_model`` may be a loaded :class:`~chute.format.bundle.Bundle` and
@@ -177,13 +182,21 @@ def evaluate(
     ``confusion-<split>.png`` there. ``cache_dir`` and ``cache_limit``: the shard
     cache of data in a bucket (see :class:`~chute.read.options.LoadOptions`).
 
+    A multi-label model (its bundle has per-label thresholds) on a multi-label
+    dataset gives a :class:`MultiLabelReport` at those thresholds; ``out_dir`` then
+    gets ``evaluation-<split>.json``, ``per-label-<split>.txt`` (the table) and
+    ``precision-recall-<split>.png``. Its scores and labels are kept for the whole
+    split (``examples × labels`` floats): average precision ranks them all.
+
     Raises:
-        ChuteError: the model's classes differ from the data's, or a bad split.
+        ChuteError: the model's classes differ from the data's, one is multi-label
+            and the other not, or a bad split.
     """
     from chute.read.load import load
 
     loaded = load_bundle(run_or_model)
     manifest = manifest_lib.load(data)
+    _check_label_modes(loaded, manifest)
     # Same names in the same order: a label is an index into them.
     if list(loaded.class_names) != list(manifest.class_names):
         raise ChuteError(
@@ -204,7 +217,10 @@ def evaluate(
         engine="tf" if _tf_data_reads(manifest.location) else "grain",
         cache_dir=cache_dir,
         cache_limit=cache_limit,
+        label_mode="multi_hot" if loaded.multi_label else "int",
     )
+    if loaded.multi_label:
+        return evaluate_labels(loaded, dataset, split, out_dir)
     tally = Tally(manifest.num_classes)
     # one image per class for the picture of the most confused pairs, as a thumbnail
     samples: dict[int, np.ndarray] = {}
@@ -227,6 +243,17 @@ def evaluate(
         "%s: loss %.4f, accuracy %.4f, top-5 %.4f", split, result.loss, result.accuracy, result.top5
     )
     return result
+
+
+def _check_label_modes(bundle: Bundle, manifest: manifest_lib.Manifest) -> None:
+    """A sigmoid model scored on single labels (or a softmax one on label sets) means nothing."""
+    if bundle.multi_label != manifest.multi_label:
+        kind = {True: "multi-label", False: "single-label"}
+        raise ChuteError(
+            f"The model {bundle.location!r} is {kind[bundle.multi_label]} but the dataset "
+            f"{manifest.location!r} is {kind[manifest.multi_label]}: evaluate a model on "
+            "data labelled the way it was trained"
+        )
 
 
 def _tf_data_reads(location: str) -> bool:

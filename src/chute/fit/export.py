@@ -3,9 +3,13 @@
 ``savedmodel`` writes a TensorFlow SavedModel with Keras 3's ``model.export``:
 its ``serve`` endpoint (and ``serving_default`` signature) takes uint8 images
 ``[batch, height, width, channels]``, prepared as :mod:`chute.fit.predict`
-prepares them, and returns class probabilities (output ``output_0``).
-``keras`` copies the bundle's ``model.keras``. Either way ``chute.json`` (class
-names, image spec) lands beside the model, last.
+prepares them, and returns class probabilities (output ``output_0``); a
+multi-label model returns its per-label sigmoid scores there, and the label
+decision stays with the reader: a label is predicted where its score is at or
+above its threshold in ``chute.json``'s ``thresholds`` (the single-label export
+returns no class either, only scores). ``keras`` copies the bundle's
+``model.keras``. Either way ``chute.json`` (class names, image spec, and a
+multi-label model's thresholds) lands beside the model, last.
 
 Example:
     >>> export("runs/kn", "serving/kn/1")  # doctest: +SKIP
@@ -20,6 +24,7 @@ import os
 
 from chute import checks
 from chute.errors import ChuteError
+from chute.fit import multilabel
 from chute.format import storage
 from chute.format.bundle import META_NAME, MODEL_NAME, Bundle, load_bundle
 from chute.lazy import TENSORFLOW_BUILDS, installed, tf
@@ -85,6 +90,8 @@ def export(
 
 
 def _export_saved_model(bundle: Bundle, output: str) -> None:
+    if bundle.multi_label:
+        multilabel.register_serializables()  # a bundle loaded with compile=True needs the loss
     # uint8 in: the served model rescales itself, as the bundle's model does.
     spec = tf.TensorSpec([None, *bundle.image.shape], tf.uint8, name=INPUT_NAME)
     # No device scope: the traced graph pins no device, so a server runs it
@@ -93,13 +100,19 @@ def _export_saved_model(bundle: Bundle, output: str) -> None:
 
 
 def _saved_model_meta(bundle: Bundle) -> str:
+    meaning = "class probabilities in label order"
+    if bundle.multi_label:
+        meaning = (
+            "per-label scores (sigmoid) in label order; a label is predicted where its "
+            "score is at or above its threshold in thresholds"
+        )
     return bundle.to_json(
         export={
             "format": "savedmodel",
             "endpoint": ENDPOINT,
             "signature": "serving_default",
             "input": {"name": INPUT_NAME, "dtype": "uint8"},
-            "output": {"name": "output_0", "meaning": "class probabilities in label order"},
+            "output": {"name": "output_0", "meaning": meaning},
         },
     )
 

@@ -38,6 +38,7 @@ from chute.errors import ChuteError
 from chute.fit import backbones, cnns
 from chute.fit.backbones import BACKBONE_LAYER
 from chute.format import storage
+from chute.lazy import keras
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ def build_model(
     weights: str | os.PathLike[str] | None = None,
     dropout: float = 0.2,
     steps_per_epoch: int | None = None,
+    multi_label: bool = False,
 ) -> Any:
     """Builds the classifier ``name`` for uint8 images of ``input_shape``.
 
@@ -147,10 +149,13 @@ def build_model(
             BatchNorm layer (a backbone's too) gets the momentum with which its moving
             statistics settle within an epoch (see :func:`batch_norm_momentum`);
             ``None``: chute's CNNs keep 0.9, a backbone its own.
+        multi_label: a sigmoid output (an independent score per label, for images
+            that carry several) in place of the softmax.
 
     Returns:
         An uncompiled ``keras.Model`` from uint8 ``(batch, *input_shape)`` to
-        float32 class probabilities ``(batch, num_classes)``.
+        float32 class probabilities ``(batch, num_classes)`` (label scores with
+        ``multi_label``).
 
     Raises:
         ChuteError: unknown ``name``; ``input_shape`` not three positive
@@ -167,7 +172,11 @@ def build_model(
     # Every argument checked first: a bad one fails before a backbone is downloaded or built.
     resolved = resolve_model(name)
     shape = _check_input_shape(input_shape)
-    num_classes = checks.int_in("num_classes", num_classes, 2, what="an integer of at least 2")
+    # one label is a valid multi-label task (present or not); one class is no classifier
+    least = 1 if multi_label else 2
+    num_classes = checks.int_in(
+        "num_classes", num_classes, least, what=f"an integer of at least {least}"
+    )
     dropout = checks.number_in("dropout", dropout, 0.0, 1.0, high_open=True)
     weights_path = _check_weights(weights, resolved)
     imagenet = weights_path == IMAGENET
@@ -186,6 +195,8 @@ def build_model(
         model, backbone = backbones.application_model(
             resolved, shape, num_classes, dropout, input_shape, imagenet=imagenet
         )
+    if multi_label:
+        model = _sigmoid_head(model)
     # ImageNet weights were loaded by keras.applications itself, while building the backbone.
     if weights_path is not None and not imagenet:
         _load_weights(model, backbone, weights_path, name)
@@ -202,6 +213,17 @@ def build_model(
         model.count_params(),
     )
     return model
+
+
+def _sigmoid_head(model: Any) -> Any:
+    """The model with a sigmoid output in place of its softmax: one independent score
+    per label (float32, as the softmax was), for multi-label data."""
+    softmax = model.get_layer("predictions")
+    scores = keras.layers.Dense(
+        softmax.units, activation="sigmoid", dtype="float32", name="predictions"
+    )
+    # the same graph up to the head (and the same backbone object, for fine-tuning)
+    return keras.Model(model.inputs, scores(softmax.input), name=model.name)
 
 
 def check_model(model: str, weights: str | os.PathLike[str] | None = None) -> str:

@@ -11,6 +11,8 @@ import logging
 import math
 from typing import Any
 
+from chute.errors import ChuteError
+from chute.fit import multilabel
 from chute.fit.config import TrainConfig
 from chute.fit.reading import categorical
 from chute.lazy import keras
@@ -51,8 +53,18 @@ def make_optimizer(
     }[config.optimizer](rate)
 
 
-def make_loss(config: TrainConfig, reduction: str = "sum_over_batch_size") -> Any:
-    """Cross-entropy on one-hot labels (with label smoothing) or integer labels."""
+def make_loss(
+    config: TrainConfig,
+    reduction: str = "sum_over_batch_size",
+    *,
+    positives: Any = None,
+) -> Any:
+    """Cross-entropy on one-hot labels (with label smoothing) or integer labels; for a
+    multi-label dataset (``positives``: its per-label positive weights, see
+    :func:`multi_label_positives`) binary cross-entropy, each label's positives weighed."""
+    if positives is not None:
+        weights = None if config.positive_weights is None else positives
+        return multilabel.make_loss(weights, reduction=reduction)
     if categorical(config):
         return keras.losses.CategoricalCrossentropy(
             label_smoothing=config.label_smoothing, reduction=reduction
@@ -60,8 +72,46 @@ def make_loss(config: TrainConfig, reduction: str = "sum_over_batch_size") -> An
     return keras.losses.SparseCategoricalCrossentropy(reduction=reduction)
 
 
-def make_metrics(config: TrainConfig, num_classes: int) -> list:
-    """Accuracy and top-5 accuracy (top-k with fewer classes)."""
+def multi_label_positives(config: TrainConfig, manifest: Any) -> Any:
+    """A multi-label dataset's per-label positive weights (all 1 unless the config asks
+    ``positive_weights="balanced"``: negatives / positives in the train split); None
+    for a single-label dataset.
+
+    Raises:
+        ChuteError: ``positive_weights`` for a single-label dataset, or
+            ``class_weights`` for a multi-label one (each names the other).
+    """
+    if not manifest.multi_label:
+        if config.positive_weights is not None:
+            raise ChuteError(
+                f"`positive_weights` weighs the labels of a multi-label dataset; "
+                f"{manifest.location} has one class per image: pass class_weights="
+                f"'balanced'. Received: positive_weights={config.positive_weights!r}"
+            )
+        return None
+    if config.class_weights is not None:
+        raise ChuteError(
+            f"{manifest.location} is multi-label: an image's classes cannot each weigh the "
+            "whole image; pass positive_weights='balanced' (each label's positives "
+            f"weighed). Received: class_weights={config.class_weights!r}"
+        )
+    train = manifest.split("train")
+    weights = multilabel.positive_weights(train.class_counts, train.examples)
+    if config.positive_weights is not None:
+        log.info(
+            "positive weights from %.3g to %.3g (negatives / positives per label)",
+            min(weights),
+            max(weights),
+        )
+    return weights
+
+
+def make_metrics(config: TrainConfig, num_classes: int, *, multi_label: bool = False) -> list:
+    """Accuracy and top-5 accuracy (top-k with fewer classes); for multi-label data the
+    mAP estimate (``map``), AUC and micro/macro F1 at 0.5 (see
+    :func:`chute.fit.multilabel.training_metrics`)."""
+    if multi_label:
+        return multilabel.training_metrics(num_classes)
     top = (
         keras.metrics.TopKCategoricalAccuracy
         if categorical(config)

@@ -9,6 +9,9 @@ interpolation, and the stored encoding), then what evaluation does
 gets exactly the pixels its record gets in ``chute evaluate``. A file that
 cannot be read is reported, not fatal.
 
+A multi-label model (a bundle with per-label thresholds) also gives each image its
+``labels``: every label whose score reaches its threshold, highest score first.
+
 Example:
     >>> result = predict("runs/kn", ["new/", "more/*.png"], top_k=3)  # doctest: +SKIP
     >>> result.predictions[0].top  # doctest: +SKIP
@@ -31,6 +34,7 @@ import numpy as np
 
 from chute import checks
 from chute.errors import ChuteError
+from chute.fit import multilabel
 from chute.fit.evaluate import top_labels
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
@@ -51,15 +55,21 @@ _PATTERN_CHARS = frozenset("*?[")
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """The top classes of one image, most probable first.
+    """The top classes of one image, most probable first; for a multi-label model, the
+    ``top`` scores and the ``labels`` predicted.
 
     Example:
         >>> Prediction("x.png", [("ka", 0.9), ("ga", 0.1)]).class_name
         'ka'
+        >>> Prediction("y.png", [("cat", 0.8), ("dog", 0.3)], labels=[("cat", 0.8)]).labels
+        [('cat', 0.8)]
     """
 
     path: str
     top: list[tuple[str, float]]
+    # Multi-label: every label at or above its threshold, highest score first (maybe none);
+    # None for a single-label model.
+    labels: list[tuple[str, float]] | None = None
 
     @property
     def text_path(self) -> str:
@@ -92,14 +102,18 @@ class PredictResult:
 
     predictions: list[Prediction]
     failures: list[tuple[str, str]]  # (path, reason)
+    multi_label: bool = False  # from a multi-label model: each prediction has its labels
 
     def to_json(self) -> str:
         """Predictions and failures as JSON (``{"predictions": [...], "failures": [...]}``),
-        valid UTF-8 whatever the file names (names as :attr:`Prediction.text_path`)."""
+        valid UTF-8 whatever the file names (names as :attr:`Prediction.text_path`).
+        A multi-label prediction adds ``"labels": [{"label": ..., "score": ...}]`` (the
+        labels predicted, maybe none) before its ``top`` scores."""
         body = {
             "predictions": [
                 {
                     "path": p.text_path,
+                    **_labels_json(p),
                     "top": [{"class": text_key(name), "probability": prob} for name, prob in p.top],
                 }
                 for p in self.predictions
@@ -108,11 +122,24 @@ class PredictResult:
         }
         return json.dumps(body, indent=1, ensure_ascii=False) + "\n"
 
-    def to_csv(self) -> str:
+    def to_csv(self, *, top: bool = False) -> str:
         """One row per image and rank: ``path,rank,class,probability`` (failures left out;
-        names as :attr:`Prediction.text_path`)."""
+        names as :attr:`Prediction.text_path`).
+
+        A multi-label result lists the labels predicted instead, ``path,rank,label,score``,
+        an image with none as one row holding only its path; with ``top``, its top
+        scores as above."""
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
+        if self.multi_label and not top:
+            writer.writerow(["path", "rank", "label", "score"])
+            for p in self.predictions:
+                # An image with no label still gets its row: a missing line reads as a failure.
+                if not p.labels:
+                    writer.writerow([p.text_path, "", "", ""])
+                for rank, (name, score) in enumerate(p.labels or [], start=1):
+                    writer.writerow([p.text_path, rank, text_key(name), repr(score)])
+            return buffer.getvalue()
         writer.writerow(["path", "rank", "class", "probability"])
         for p in self.predictions:
             for rank, (name, prob) in enumerate(p.top, start=1):
@@ -132,6 +159,7 @@ def predict(
     *,
     top_k: int | None = None,
     batch_size: int = 32,
+    threshold: float | None = None,
 ) -> PredictResult:
     """Classifies image files with a model bundle, on the CPU.
 
@@ -144,14 +172,19 @@ def predict(
         top_k: how many classes to report per image, 1 to the number of
             classes; ``None`` means 5, or every class when there are fewer.
         batch_size: images per model call.
+        threshold: a multi-label model only: one threshold, 0 to 1, for every label
+            in place of the bundle's tuned ones; ``None``: the bundle's.
 
     Returns:
         A :class:`PredictResult`: one :class:`Prediction` per readable image,
         in input order, and ``(path, reason)`` for every input that gave none.
+        A multi-label model's predictions also hold their ``labels``: each
+        label whose score is at or above its threshold (``top_k`` still gives
+        the highest scores, whatever the thresholds).
 
     Raises:
-        ChuteError: a bad argument, no bundle at ``model_path``, or no image
-            file found at all.
+        ChuteError: a bad argument, no bundle at ``model_path``, ``threshold``
+            for a single-label model, or no image file found at all.
 
     Example:
         >>> result = predict("runs/kn/bundle", "test.png", top_k=1)  # doctest: +SKIP
@@ -161,9 +194,18 @@ def predict(
     if top_k is not None and not checks.is_int(top_k):
         raise checks.bad_value("top_k", top_k, "a positive integer")
     checks.positive_int("batch_size", batch_size)
+    if threshold is not None:
+        checks.number_in("threshold", threshold, 0.0, 1.0, what="a number from 0 to 1")
     # The arguments before the bundle: loading a model is the slow part.
     entries = _entries(images)
     bundle = load_bundle(model_path)
+    if threshold is not None and not bundle.multi_label:
+        raise ChuteError(
+            f"`threshold` applies to a multi-label model; {bundle.location!r} is single-label "
+            f"(softmax: top_k chooses how many classes to show). Received: threshold={threshold!r}"
+        )
+    if bundle.multi_label:
+        multilabel.register_serializables()  # a bundle loaded with compile=True needs the loss
     if top_k is None:
         top_k = min(DEFAULT_TOP_K, bundle.num_classes)
     if not 1 <= top_k <= bundle.num_classes:
@@ -203,25 +245,45 @@ def predict(
             outputs.append(out[: len(pixels)])
     if not outputs:
         log.warning("none of the %d files found could be read as an image", len(files))
-        return PredictResult([], _in_order(failures, entries, files))
-    probs = np.concatenate(outputs)
+        return PredictResult([], _in_order(failures, entries, files), bundle.multi_label)
+    predictions = _predictions(bundle, paths, np.concatenate(outputs), top_k, threshold)
+    log.info("classified %d images, %d failures", len(predictions), len(failures))
+    return PredictResult(predictions, _in_order(failures, entries, files), bundle.multi_label)
+
+
+def _predictions(
+    bundle: Bundle, paths: list[str], probs: np.ndarray, top_k: int, threshold: float | None
+) -> list[Prediction]:
+    """The model's outputs as predictions: the top classes, and a multi-label model's labels."""
     if probs.ndim != 2 or probs.shape[1] != bundle.num_classes:
         raise ChuteError(
             f"The model at {bundle.location!r} outputs shape {probs.shape[1:]}, but its "
             f"bundle names {bundle.num_classes} classes"
         )
     # 1e-6 of slack: float32 softmax outputs can stray just outside [0, 1].
-    if (probs < -1e-6).any() or (probs > 1 + 1e-6).any():
-        log.info("the model outputs logits, not probabilities: applying softmax")
-        # The row's maximum subtracted first, so exp cannot overflow.
-        probs = np.exp(probs - probs.max(axis=1, keepdims=True))
-        probs /= probs.sum(axis=1, keepdims=True)
+    if ((probs < -1e-6) | (probs > 1 + 1e-6)).any():
+        if bundle.multi_label:
+            log.info("the model outputs logits, not scores: applying the sigmoid")
+            probs = 1 / (1 + np.exp(-probs))
+        else:
+            log.info("the model outputs logits, not probabilities: applying softmax")
+            # The row's maximum subtracted first, so exp cannot overflow.
+            probs = np.exp(probs - probs.max(axis=1, keepdims=True))
+            probs /= probs.sum(axis=1, keepdims=True)
+    names = bundle.class_names
+    if bundle.multi_label:
+        cut = np.asarray(bundle.thresholds if threshold is None else [threshold] * len(names))
     predictions = []
     for path, row, order in zip(paths, probs, top_labels(probs, top_k), strict=True):
-        top = [(bundle.class_names[i], float(row[i])) for i in order]
-        predictions.append(Prediction(path, top))
-    log.info("classified %d images, %d failures", len(predictions), len(failures))
-    return PredictResult(predictions, _in_order(failures, entries, files))
+        top = [(names[i], float(row[i])) for i in order]
+        labels = None
+        if bundle.multi_label:
+            chosen = np.flatnonzero(row >= cut)
+            # Highest score first; equal scores in label order (a stable sort).
+            chosen = chosen[np.argsort(-row[chosen], kind="stable")]
+            labels = [(names[i], float(row[i])) for i in chosen]
+        predictions.append(Prediction(path, top, labels))
+    return predictions
 
 
 def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
@@ -262,6 +324,15 @@ def prepare_image(source: str | bytes | Any, bundle: Bundle) -> np.ndarray:
     with tf.device("/cpu:0"):
         image = centre_crop(tf.constant(data), stored, bundle.input_size, bundle.crop_fraction)
     return image.numpy()
+
+
+def _labels_json(prediction: Prediction) -> dict[str, Any]:
+    """A multi-label prediction's ``labels`` entry of the JSON; nothing for a single-label one."""
+    if prediction.labels is None:
+        return {}
+    return {
+        "labels": [{"label": text_key(name), "score": score} for name, score in prediction.labels]
+    }
 
 
 def _on_cpu() -> Any:

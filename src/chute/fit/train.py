@@ -37,7 +37,13 @@ from chute.fit import processes as processes_lib
 from chute.fit import strategy as strategy_lib
 from chute.fit.config import TrainConfig
 from chute.fit.devices import Devices
-from chute.fit.objective import make_loss, make_metrics, make_optimizer, warn_if_short
+from chute.fit.objective import (
+    make_loss,
+    make_metrics,
+    make_optimizer,
+    multi_label_positives,
+    warn_if_short,
+)
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import load_model, save_bundle
@@ -54,7 +60,7 @@ class TrainResult:
 
     run_dir: str
     bundle: str
-    best_val_accuracy: float | None
+    best_val_accuracy: float | None  # single-label runs; None for a multi-label one
     final: dict[str, float]
     epochs_run: int
     seconds_per_epoch: float
@@ -66,6 +72,7 @@ class TrainResult:
     resumed: bool = False
     backend: str = "tensorflow"  # the Keras backend it trained on
     processes: int = 1  # JAX processes (hosts) that trained together
+    best_val_map: float | None = None  # multi-label runs: the best epoch's mAP estimate
 
 
 @dataclasses.dataclass
@@ -85,6 +92,7 @@ class _Inputs:
     val_steps: int | None = None  # with per_host under Keras's fit
     val_padded: float = 1.0  # validation examples Keras counts per real one (padding)
     val_weighted: bool = False  # validation batches are padded, with weights (0: padding)
+    positives: Any = None  # multi-label: each label's positive weight (None: single-label)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +165,10 @@ def train(
             return _result(chiefs, None, inputs, history, seconds, devices, precision)
         with processes_lib.alone(devices):  # the chief alone: not a collective
             bundle = _save_best(model, manifest, run, config, precision, inputs)
+    if manifest.multi_label:  # outside the devices' scope: the bundle predicts on its own
+        from chute.fit import thresholds
+
+        bundle = thresholds.tune(bundle, manifest, config.load)
     result = _result(run, bundle, inputs, history, seconds, devices, precision)
     _write_reports(run, result, config, history, manifest)
     # Evaluated from the saved bundle, so the report measures what a user will load.
@@ -274,6 +286,14 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devic
         config.batch_size,
         devices.replicas,
     )
+    positives = multi_label_positives(config, manifest)  # before any reading: fails fast
+    if manifest.multi_label and devices.kind == "multiworker":
+        raise ChuteError(
+            f"{manifest.location} is multi-label: training it under "
+            "MultiWorkerMirroredStrategy (chute's own loop) is not supported yet; train on "
+            "one worker, or with the JAX backend on several hosts. Received: "
+            f"{devices.kind} strategy"
+        )
     train_options, val_options = reading.reading(config, devices, manifest)
     train = load(manifest, "train", train_options, **reading.pipelines(devices, training=True))
     steps = info_of(train).steps
@@ -295,7 +315,8 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devic
         val,
         steps,
         global_batch,
-        "val_accuracy" if val is not None else "accuracy",
+        # multi-label: the mAP estimate (the Keras metric named "map"), higher is better
+        ("val_" if val is not None else "") + ("map" if manifest.multi_label else "accuracy"),
         (*train_options.image_size, manifest.image.channels),
         reading.crop_fraction(config, manifest),
         train_options.augment_on,
@@ -304,6 +325,7 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devic
         val_steps=val_steps,
         val_padded=val_padded,
         val_weighted=val_options is not None and val_options.pad_final_batch,
+        positives=positives,
     )
 
 
@@ -320,6 +342,7 @@ def _built_model(
             num_classes=manifest.num_classes,
             weights=config.weights,
             steps_per_epoch=inputs.steps,  # BatchNorm's moving statistics settle in an epoch
+            multi_label=manifest.multi_label,
         )
         if devices.replicas > 1 and config.backend == "tensorflow":
             # Batch statistics over the global batch, as on one device; every
@@ -495,13 +518,14 @@ def _compiled(model, devices: Devices, inputs: _Inputs, config, phase: _Phase, a
             model if augmentation is None else trainable.with_augmentation(model, augmentation)
         )
         # Padded validation batches weigh the padding 0: metrics that count weights
-        metrics = make_metrics(config, model.output_shape[-1])
+        multi = inputs.positives is not None
+        metrics = make_metrics(config, model.output_shape[-1], multi_label=multi)
         padded = inputs.val_weighted
         trainer.compile(
             optimizer=make_optimizer(
                 config, inputs.steps, learning_rate=phase.learning_rate, epochs=phase.epochs
             ),
-            loss=make_loss(config),
+            loss=make_loss(config, positives=inputs.positives),
             metrics=None if padded else metrics,
             weighted_metrics=metrics if padded else None,
             steps_per_execution=config.steps_per_execution or devices.steps_per_execution,
@@ -549,6 +573,8 @@ def _save_best(model, manifest, run, config: TrainConfig, precision: str, inputs
         class_names=manifest.class_names,
         image=manifest.image,
         crop_fraction=inputs.crop_fraction,
+        # multi-label: 0.5 each until tuned on the val split (see chute.fit.thresholds)
+        thresholds=[0.5] * manifest.num_classes if manifest.multi_label else None,
         info={
             "data": manifest.location,
             "model": config.model,
@@ -562,12 +588,15 @@ def _result(
     run, bundle, inputs: _Inputs, history, seconds, devices: Devices, precision
 ) -> TrainResult:
     best = max(history[inputs.monitor]) if history.get(inputs.monitor) else None
+    best = float(best) if inputs.val is not None and best is not None else None
+    multi = inputs.positives is not None
     # The median: the first epoch includes compiling and would skew a mean.
     per_epoch = float(np.median(seconds)) if seconds else 0.0
     return TrainResult(
         run_dir=run.path,
         bundle=bundle.location if bundle is not None else run.bundle,
-        best_val_accuracy=float(best) if inputs.val is not None and best is not None else None,
+        best_val_accuracy=None if multi else best,
+        best_val_map=best if multi else None,
         final={k: float(v[-1]) for k, v in history.items() if v},
         epochs_run=len(seconds),
         seconds_per_epoch=per_epoch,

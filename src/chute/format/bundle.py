@@ -5,8 +5,11 @@ A bundle is a folder holding ``model.keras`` and ``chute.json``. The JSON file
 dataset's :class:`~chute.format.spec.ImageSpec` (how ``convert`` stored the
 training images: size or shorter side, channels, encoding, resize mode,
 interpolation), the ``input`` the model takes (height, width) with the
-``crop_fraction`` of evaluation's centre crop, and free-form ``info`` (who
-trained it, how well). ``predict`` prepares a file as ``convert`` did, then as
+``crop_fraction`` of evaluation's centre crop, free-form ``info`` (who
+trained it, how well), and for a multi-label model its per-label ``thresholds``
+(tuned on validation: a label is predicted when its score reaches its threshold;
+their presence is what marks the model multi-label, and makes the file version 3).
+``predict`` prepares a file as ``convert`` did, then as
 evaluation did, so it gets the pixels its record gets. ``chute.json`` is written
 last, so its presence means the model file is complete. Paths may be local or
 on any TF filesystem (``gs://``, ``ram://``).
@@ -36,7 +39,8 @@ from chute.lazy import keras
 log = logging.getLogger(__name__)
 
 FORMAT = "chute.bundle"
-VERSION = 2  # 2: the dataset's "image" spec and the model's "input" (1: size, preprocessing)
+VERSION = 3  # 3: "thresholds" of a multi-label model (written as 2 without them);
+# 2: the dataset's "image" spec and the model's "input" (1: size, preprocessing)
 MODEL_NAME = "model.keras"
 META_NAME = "chute.json"
 RUN_SUBDIR = "bundle"  # where a training run keeps its bundle
@@ -51,6 +55,8 @@ class Bundle:
         image: how the training images were stored (how to prepare a new one).
         input_size: ``(height, width)`` of the model's input.
         crop_fraction: evaluation's centre crop (1: the whole image).
+        thresholds: a multi-label model's per-label decision thresholds (sigmoid
+            scores at or above are predicted); None for a single-label (softmax) model.
         info: free-form facts saved with the model (accuracy, run options, ...).
         location: the bundle folder.
 
@@ -67,6 +73,7 @@ class Bundle:
     input_size: tuple[int, int] | None = None
     crop_fraction: float = 1.0
     compile: bool = False
+    thresholds: list[float] | None = None
     _model: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +85,13 @@ class Bundle:
                 )
             self.input_size = self.image.size
         self.input_size = (int(self.input_size[0]), int(self.input_size[1]))
+        if self.thresholds is not None:
+            self.thresholds = _thresholds(self.thresholds, len(self.class_names))
+
+    @property
+    def multi_label(self) -> bool:
+        """Whether the model scores each label on its own (sigmoid), with thresholds."""
+        return self.thresholds is not None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -118,6 +132,8 @@ class Bundle:
             },
             "info": self.info,
         }
+        if self.thresholds is not None:
+            extra = {"thresholds": self.thresholds, **extra}
         return _meta_json(body, **extra)
 
 
@@ -129,6 +145,7 @@ def save_bundle(
     image: ImageSpec,
     crop_fraction: float = 1.0,
     info: dict[str, Any] | None = None,
+    thresholds: list[float] | None = None,
 ) -> Bundle:
     """Writes ``model.keras`` and then ``chute.json`` into ``directory``.
 
@@ -139,6 +156,7 @@ def save_bundle(
         image: the dataset's image spec.
         crop_fraction: evaluation's centre crop, which ``predict`` repeats.
         info: JSON-serialisable facts to keep with the model.
+        thresholds: a multi-label model's per-label thresholds (one per class name).
 
     The model's input size is read off the model.
 
@@ -167,6 +185,7 @@ def save_bundle(
         location=directory,
         input_size=input_size,
         crop_fraction=crop_fraction,
+        thresholds=thresholds,
         _model=model,
     )
     # Validated before anything is written: a bad argument leaves the folder as it was.
@@ -179,6 +198,20 @@ def save_bundle(
     storage.write_atomic(meta, text.encode("utf-8"))
     log.info("saved model bundle to %s (%d classes)", directory, len(class_names))
     return bundle
+
+
+def save_thresholds(bundle: Bundle, thresholds: list[float]) -> Bundle:
+    """Writes a multi-label model's tuned ``thresholds`` into its bundle's ``chute.json``
+    (atomically: a reader sees the old thresholds or the new ones); returns the bundle
+    holding them.
+
+    Example:
+        >>> save_thresholds(load_bundle("runs/tags"), [0.4, 0.7])  # doctest: +SKIP
+    """
+    updated = dataclasses.replace(bundle, thresholds=list(thresholds))
+    text = updated.to_json()
+    storage.write_atomic(storage.join(bundle.location, META_NAME), text.encode("utf-8"))
+    return updated
 
 
 def load_bundle(path: str | os.PathLike | Bundle, *, compile: bool = False) -> Bundle:
@@ -225,7 +258,25 @@ def load_bundle(path: str | os.PathLike | Bundle, *, compile: bool = False) -> B
         input_size=(body["input"]["height"], body["input"]["width"]),
         crop_fraction=body["input"]["crop_fraction"],
         compile=compile,
+        thresholds=body.get("thresholds"),
     )
+
+
+def _thresholds(values: Any, num_classes: int) -> list[float]:
+    """Validated per-label thresholds: one number in [0, 1] per class."""
+    if (
+        not isinstance(values, list | tuple)
+        or len(values) != num_classes
+        or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and 0.0 <= float(v) <= 1.0
+            for v in values
+        )
+    ):
+        raise ChuteError(
+            f"`thresholds` must be {num_classes} numbers in [0, 1], one per class name. "
+            f"Received: thresholds={values!r}"
+        )
+    return [float(v) for v in values]
 
 
 def _find(path: str) -> str:
@@ -282,7 +333,7 @@ def _meta_json(body: dict[str, Any], **extra: Any) -> str:
         raise ChuteError(f"`info` must be a dict. Received: info={info!r}")
     body = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": VERSION if "thresholds" in extra else 2,
         "class_names": list(class_names),
         "image": body["image"],
         "input": given,

@@ -1,0 +1,113 @@
+"""Training on a multi-label dataset (TensorFlow; the JAX run is a stage of
+tests/jax_runs_child.py): a sigmoid head and binary cross-entropy chosen from the
+dataset, multi-label metrics, thresholds tuned on validation into the bundle, and the
+options that do not fit refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import FAST_TRAINING
+
+import chute
+from chute.errors import ChuteError
+from chute.fit import multilabel, thresholds
+from chute.format import manifest as manifest_lib
+
+
+@pytest.fixture(scope="module")
+def multi_run(multi_label_data, tmp_path_factory):
+    run = tmp_path_factory.mktemp("multi") / "run"
+    options = {**FAST_TRAINING, "epochs": 4, "positive_weights": "balanced"}
+    return run, chute.train(multi_label_data, run, **options)
+
+
+@pytest.mark.slow
+def test_a_multi_label_run_trains_a_sigmoid_model_and_tunes_its_thresholds(
+    multi_run, multi_label_data
+):
+    run, result = multi_run
+    manifest = manifest_lib.load(multi_label_data)
+    bundle = chute.load_bundle(run)
+    assert bundle.multi_label and len(bundle.thresholds) == manifest.num_classes
+    assert bundle.model.get_layer("predictions").get_config()["activation"] == "sigmoid"
+    assert result.best_val_accuracy is None and 0 <= result.best_val_map <= 1
+    history = json.loads((run / "history.json").read_text())
+    assert {"map", "val_map", "auc", "micro_f1", "macro_f1"} <= set(history)
+    # the thresholds are the ones that maximise each label's F1 on val, as the rule says
+    scores, truth = thresholds.scores_and_truth(bundle, manifest, "val", chute.LoadOptions())
+    np.testing.assert_allclose(
+        bundle.thresholds, multilabel.tune_thresholds(truth, scores), rtol=1e-6
+    )
+    # the colours are easy to see: the model learns them (chance is each label's share)
+    ap = multilabel.average_precision(truth, scores)
+    share = truth.mean(0)
+    assert np.nanmean(ap) > np.mean(share) + 0.15, (ap, share)
+
+
+@pytest.mark.parametrize(
+    ("data", "options", "message"),
+    [
+        ("multi", {"class_weights": "balanced"}, r"is multi-label.*positive_weights='balanced'"),
+        ("single", {"positive_weights": "balanced"}, r"`positive_weights`.*one class per image"),
+    ],
+)
+def test_weights_of_the_other_kind_are_refused(
+    data, options, message, multi_label_data, shared_dataset, tmp_path
+):
+    source = multi_label_data if data == "multi" else shared_dataset
+    with pytest.raises(ChuteError, match=message):
+        chute.train(source, tmp_path / "run", **FAST_TRAINING, **options)
+    assert not (tmp_path / "run" / "bundle").exists()
+
+
+def _hub_parquet(root):
+    """A Parquet file in the Hub's layout (``data/train-*.parquet``): the images of
+    ``helpers.write_multi_label_list`` with their labels as a ``Sequence(ClassLabel)``."""
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from helpers import MULTI_LABELS, write_multi_label_list
+
+    listed = write_multi_label_list(root / "src", 80, seed=1)
+    with open(listed, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    images = [{"bytes": (root / "src" / r["path"]).read_bytes(), "path": r["path"]} for r in rows]
+    tags = [[MULTI_LABELS.index(n) for n in r["labels"].split("|") if n] for r in rows]
+    table = pa.table(
+        {"image": pa.array(images, struct), "tags": pa.array(tags, pa.list_(pa.int64()))}
+    )
+    feature = {"_type": "Sequence", "feature": {"_type": "ClassLabel", "names": MULTI_LABELS}}
+    info = {"info": {"features": {"image": {"_type": "Image"}, "tags": feature}}}
+    table = table.replace_schema_metadata({b"huggingface": json.dumps(info).encode()})
+    (root / "hub" / "data").mkdir(parents=True)
+    pq.write_table(table, root / "hub" / "data" / "train-00000-of-00001.parquet")
+    return root / "hub"
+
+
+@pytest.mark.slow
+def test_a_hub_parquet_of_tags_converts_trains_evaluates_and_predicts_from_the_cli(tmp_path):
+    from helpers import MULTI_LABELS, run_here
+
+    hub = _hub_parquet(tmp_path)
+    out, run = tmp_path / "shards", tmp_path / "run"
+    done = run_here("convert", hub, out, "--val-fraction", "0.25", "--allow-empty-labels")
+    assert done.returncode == 0, done.stderr
+    assert "multi-label" in done.stderr + done.stdout
+    done = run_here("train", out, "--run-dir", run, "--epochs", "3", "--batch-size", "8",
+                    "--strategy", "cpu", "--no-progress")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "best val mAP" in done.stdout
+    done = run_here("evaluate", run, out, "--out", tmp_path / "eval")
+    assert done.returncode == 0, done.stderr
+    assert "mAP" in done.stdout
+    image = str(tmp_path / "src" / "img" / "000.png")
+    done = run_here("predict", run, image, "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    found = answer[0] if isinstance(answer, list) else answer["predictions"][0]
+    assert {label["label"] for label in found["labels"]} <= set(MULTI_LABELS)
