@@ -61,6 +61,8 @@ _EXPORTS = {
     "TrainConfig": "chute.fit.config",
     "TrainResult": "chute.fit.train",
     "evaluate": "chute.fit.evaluate",
+    "MultiLabelReport": "chute.fit.evaluate_labels",
+    "label_stats": "chute.tools.labels",
     "predict": "chute.fit.predict",
     "export": "chute.fit.export",
     "Bundle": "chute.format.bundle",
@@ -81,6 +83,7 @@ __all__ = [
     "IndexReport",
     "LoadOptions",
     "Manifest",
+    "MultiLabelReport",
     "TrainConfig",
     "TrainResult",
     "VerifyReport",
@@ -94,6 +97,7 @@ __all__ = [
     "image_dataset_from_directory",
     "index",
     "inspect",
+    "label_stats",
     "load",
     "load_bundle",
     "load_manifest",
@@ -107,6 +111,7 @@ if TYPE_CHECKING:
     from chute.errors import ChuteError
     from chute.fit.config import TrainConfig
     from chute.fit.evaluate import evaluate
+    from chute.fit.evaluate_labels import MultiLabelReport
     from chute.fit.export import export
     from chute.fit.models import available_models, build_model
     from chute.fit.predict import predict
@@ -124,6 +129,7 @@ if TYPE_CHECKING:
     from chute.read.options import LoadOptions
     from chute.tools.index import IndexReport, index
     from chute.tools.inspect import inspect
+    from chute.tools.labels import label_stats
     from chute.tools.samples import make_sample_folder
     from chute.tools.verify import VerifyReport, verify
 

@@ -111,3 +111,36 @@ def test_a_hub_parquet_of_tags_converts_trains_evaluates_and_predicts_from_the_c
     answer = json.loads(done.stdout)
     found = answer[0] if isinstance(answer, list) else answer["predictions"][0]
     assert {label["label"] for label in found["labels"]} <= set(MULTI_LABELS)
+
+
+@pytest.mark.slow
+def test_the_grain_engine_trains_a_weighted_multi_label_dataset(multi_label_data, tmp_path):
+    result = chute.train(
+        multi_label_data, tmp_path / "run", **{**FAST_TRAINING, "epochs": 1},
+        load={"engine": "grain", "workers": 0},
+    )  # fmt: skip
+    assert result.best_val_map is not None
+    assert chute.load_bundle(tmp_path / "run").multi_label
+
+
+def test_a_weighted_single_label_list_yields_integer_labels_and_weights(tmp_path):
+    from helpers import write_image
+
+    rows = ["path,label,weight"]
+    for i in range(12):
+        write_image(tmp_path / "src" / f"{i}.png", seed=i, size=(8, 8))
+        rows.append(f"{i}.png,{'ab'[i % 2]},{0.5 * (1 + i % 2)}")
+    (tmp_path / "src" / "list.csv").write_text("\n".join(rows) + "\n")
+    chute.convert(tmp_path / "src" / "list.csv", tmp_path / "out", workers=1)
+    manifest = manifest_lib.load(tmp_path / "out")
+    assert manifest.weighted and not manifest.multi_label
+    for engine in ("tf", "grain"):
+        extra = {"workers": 0} if engine == "grain" else {}
+        _, labels, weights = (
+            np.asarray(t)
+            for t in next(iter(chute.load(tmp_path / "out", "train", batch_size=12, engine=engine,
+                                          seed=1, **extra)))
+        )  # fmt: skip
+        assert labels.dtype == np.int32
+        # class b weighs 1.0, class a 0.5: the weight travels with its own image
+        np.testing.assert_array_equal(weights, np.where(labels == 1, 1.0, 0.5))

@@ -223,7 +223,7 @@ def _sigmoid_head(model: Any) -> Any:
         softmax.units, activation="sigmoid", dtype="float32", name="predictions"
     )
     # the same graph up to the head (and the same backbone object, for fine-tuning)
-    return keras.Model(model.inputs, scores(softmax.input), name=model.name)
+    return keras.Model(model.input, scores(softmax.input), name=model.name)
 
 
 def check_model(model: str, weights: str | os.PathLike[str] | None = None) -> str:
