@@ -89,7 +89,14 @@ def multi_label_data(tmp_path_factory) -> Path:
         import chute
 
         listed = write_multi_label_list(root / "src")
-        chute.convert(listed, root / "out", val_fraction=0.2, allow_empty_labels=True, workers=1)
+        chute.convert(
+            listed,
+            root / "out",
+            val_fraction=0.2,
+            allow_empty_labels=True,
+            weight_column="weight",
+            workers=1,
+        )
 
     return once_per_run(tmp_path_factory, "multi-label", build) / "out"
 

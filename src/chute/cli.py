@@ -54,7 +54,7 @@ def _add_options(
             help_text += f" (default: {default})"
         # default None: a flag left out must not override a config file's value.
         kwargs: dict = {"dest": field.name, "default": None, "help": help_text}
-        if isinstance(field.default, bool):
+        if isinstance(field.default, bool) or meta.get("type") is bool:
             # --flag and --no-flag: a config file's True can be turned off on the command line.
             kwargs["action"] = argparse.BooleanOptionalAction
         else:

@@ -53,3 +53,33 @@ def test_mixed_float16_steps_like_float32(policy):
     assert max(float(np.abs(m).max()) for m in moved) > 1e-3  # the step did something
     for f, h in zip(full, half, strict=True):
         np.testing.assert_allclose(h, f, atol=2e-3)
+
+
+def test_sample_weights_weigh_each_examples_loss_as_keras_fit_does():
+    """A batch of (images, labels, weights): weights 2 step as far as a batch of each example
+    twice at weight 1 would, and weight 0 examples move nothing."""
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(2)
+    start = [rng.normal(size=(4, 3)).astype(np.float32), np.zeros(3, np.float32)]
+    x = rng.random((8, 4), dtype=np.float32)
+    y = rng.integers(0, 3, 8)
+
+    def step(batch) -> list[np.ndarray]:
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+        model.set_weights(start)
+        config = TrainConfig(optimizer="sgd", learning_rate=0.5)
+        optimizer = loop._optimizer(config, 1, learning_rate=0.5, epochs=1)
+        train_step, _ = loop._steps(model, tf.distribute.get_strategy(), optimizer, config,
+                                    None, None, 8)  # fmt: skip
+        train_step(iter(tf.data.Dataset.from_tensors(batch)))
+        return [np.asarray(w) for w in model.get_weights()]
+
+    halves = np.array([2, 2, 2, 2, 0, 0, 0, 0], np.float32)
+    weighted = step((x, y, halves))
+    doubled = step((np.concatenate([x[:4], x[:4]]), np.concatenate([y[:4], y[:4]])))
+    for w, d in zip(weighted, doubled, strict=True):
+        np.testing.assert_allclose(w, d, rtol=1e-5, atol=1e-6)
+    plain = step((x, y))
+    assert any(np.abs(w - p).max() > 1e-4 for w, p in zip(weighted, plain, strict=True))

@@ -37,7 +37,9 @@ def test_a_multi_label_run_trains_a_sigmoid_model_and_tunes_its_thresholds(
     history = json.loads((run / "history.json").read_text())
     assert {"map", "val_map", "auc", "micro_f1", "macro_f1"} <= set(history)
     # the thresholds are the ones that maximise each label's F1 on val, as the rule says
-    scores, truth = thresholds.scores_and_truth(bundle, manifest, "val", chute.LoadOptions())
+    scores, truth = thresholds.scores_and_truth(
+        bundle.model, manifest, "val", chute.LoadOptions(), input_size=bundle.input_size
+    )
     np.testing.assert_allclose(
         bundle.thresholds, multilabel.tune_thresholds(truth, scores), rtol=1e-6
     )
@@ -131,7 +133,9 @@ def test_a_weighted_single_label_list_yields_integer_labels_and_weights(tmp_path
         write_image(tmp_path / "src" / f"{i}.png", seed=i, size=(8, 8))
         rows.append(f"{i}.png,{'ab'[i % 2]},{0.5 * (1 + i % 2)}")
     (tmp_path / "src" / "list.csv").write_text("\n".join(rows) + "\n")
-    chute.convert(tmp_path / "src" / "list.csv", tmp_path / "out", workers=1)
+    chute.convert(
+        tmp_path / "src" / "list.csv", tmp_path / "out", weight_column="weight", workers=1
+    )
     manifest = manifest_lib.load(tmp_path / "out")
     assert manifest.weighted and not manifest.multi_label
     for engine in ("tf", "grain"):
@@ -144,3 +148,53 @@ def test_a_weighted_single_label_list_yields_integer_labels_and_weights(tmp_path
         assert labels.dtype == np.int32
         # class b weighs 1.0, class a 0.5: the weight travels with its own image
         np.testing.assert_array_equal(weights, np.where(labels == 1, 1.0, 0.5))
+
+
+def test_class_weights_on_a_weighted_dataset_are_refused_before_any_work(tmp_path):
+    from helpers import write_image
+
+    rows = ["path,label,weight"]
+    for i in range(8):
+        write_image(tmp_path / "src" / f"{i}.png", seed=i, size=(8, 8))
+        rows.append(f"{i}.png,{'ab'[i % 2]},1.5")
+    (tmp_path / "src" / "list.csv").write_text("\n".join(rows) + "\n")
+    chute.convert(tmp_path / "src" / "list.csv", tmp_path / "out", weight_column="weight")
+    with pytest.raises(ChuteError, match=r"has sample weights.*--no-sample-weights.*'balanced'"):
+        chute.train(tmp_path / "out", tmp_path / "run", **FAST_TRAINING, class_weights="balanced")
+
+
+def test_label_smoothing_reaches_both_multi_label_losses():
+    import keras
+
+    from chute.fit.config import TrainConfig
+    from chute.fit.objective import make_loss
+
+    config = TrainConfig(label_smoothing=0.2)
+    plain = make_loss(config, positives=np.ones(2))
+    assert plain.get_config()["label_smoothing"] == pytest.approx(0.2)
+    weighted = make_loss(TrainConfig(label_smoothing=0.2, positive_weights="balanced"),
+                         positives=np.ones(2))  # fmt: skip
+    truth = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    scores = np.array([[0.9, 0.2], [0.3, 0.6]], np.float32)
+    # with every weight 1 the weighted loss is Keras's, smoothing included
+    expected = keras.losses.BinaryCrossentropy(label_smoothing=0.2)(truth, scores)
+    np.testing.assert_allclose(float(weighted(truth, scores)), float(expected), rtol=1e-5)
+
+
+def test_the_cli_turns_sample_weights_off_and_on():
+    from chute import cli
+
+    parser = cli._parser()
+    base = ["train", "data"]
+    assert parser.parse_args([*base, "--no-sample-weights"]).sample_weights is False
+    assert parser.parse_args([*base, "--sample-weights"]).sample_weights is True
+    assert parser.parse_args(base).sample_weights is None
+
+
+def test_a_multi_label_run_records_its_label_mode(multi_label_data, shared_dataset):
+    from chute.fit.config import TrainConfig
+    from chute.fit.train import _started_with
+
+    multi = _started_with(TrainConfig(), manifest_lib.load(multi_label_data))
+    single = _started_with(TrainConfig(), manifest_lib.load(shared_dataset))
+    assert multi["label_mode"] == "multi" and "label_mode" not in single

@@ -28,6 +28,7 @@ def _manifest(val: int = 30, image: ImageSpec | None = None):
     return types.SimpleNamespace(
         num_examples=counts.__getitem__,
         image=image or ImageSpec(16, 16, 1),
+        multi_label=False,
         location="/data",
     )
 

@@ -24,7 +24,14 @@ def _records(out, split):
 
 def test_a_multi_label_list_converts_to_labels_records_and_label_counts(tmp_path):
     listed = write_multi_label_list(tmp_path / "src", 60)
-    chute.convert(listed, tmp_path / "out", val_fraction=0.25, allow_empty_labels=True, workers=1)
+    chute.convert(
+        listed,
+        tmp_path / "out",
+        val_fraction=0.25,
+        allow_empty_labels=True,
+        weight_column="weight",
+        workers=1,
+    )
     manifest = manifest_lib.load(tmp_path / "out")
     body = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert body["version"] == 4 and body["label_mode"] == "multi" and body["weighted"]

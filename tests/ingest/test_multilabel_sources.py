@@ -263,8 +263,14 @@ def test_bad_jsonl_label_lists_are_errors_naming_the_line(tmp_path, line, rules,
 # -- weights ------------------------------------------------------------------------------
 
 
+WEIGHTED = LabelRules(weight_column="weight")
+
+
 def test_a_weight_column_gives_single_label_items_their_weights(tmp_path):
-    found = sources.scan(_csv(tmp_path, "path,label,weight\na.png,cat,0.5\nb.png,dog, 2\n"))
+    listed = _csv(tmp_path, "path,label,weight\na.png,cat,0.5\nb.png,dog, 2\n")
+    # only when named: a column that happens to be called "weight" weighs nothing
+    assert not sources.scan(listed).weighted
+    found = sources.scan(listed, labels=WEIGHTED)
     assert found.weighted and not found.multi_label
     assert [(i.key, i.label, i.weight) for i in found.items] == [
         ("a.png", 0, 0.5),
@@ -285,7 +291,7 @@ def test_weights_of_a_multi_label_list_and_a_named_weight_column(tmp_path):
 def test_jsonl_weights(tmp_path):
     lines = ['{"path": "a.png", "label": "cat", "weight": 1.5}',
              '{"path": "b.png", "label": "dog", "weight": "2"}']  # fmt: skip
-    found = sources.scan(_csv(tmp_path, "\n".join(lines), "list.jsonl"))
+    found = sources.scan(_csv(tmp_path, "\n".join(lines), "list.jsonl"), labels=WEIGHTED)
     assert found.weighted and [i.weight for i in found.items] == [1.5, 2.0]
 
 
@@ -294,13 +300,13 @@ def test_a_bad_weight_is_an_error_naming_the_line(tmp_path, weight):
     source = _csv(tmp_path, f"path,label,weight\na.png,cat,1\nb.png,dog,{weight}\n")
     match = r"list.csv, line 3: the sample weight \('weight'\) must be a finite number >= 0. "
     with pytest.raises(ChuteError, match=match + f"Received: '{weight}'"):
-        sources.scan(source)
+        sources.scan(source, labels=WEIGHTED)
 
 
 def test_a_jsonl_line_without_the_weight_others_have_is_an_error(tmp_path):
     lines = ['{"path": "a.png", "label": "cat", "weight": 1}', '{"path": "b.png", "label": "d"}']
     with pytest.raises(ChuteError, match=r"line 2: the sample weight .* Received: None"):
-        sources.scan(_csv(tmp_path, "\n".join(lines), "list.jsonl"))
+        sources.scan(_csv(tmp_path, "\n".join(lines), "list.jsonl"), labels=WEIGHTED)
 
 
 def test_a_named_weight_column_that_is_not_there_is_an_error_naming_the_columns(tmp_path):
@@ -413,7 +419,7 @@ def test_parquet_single_values_stay_single_label_unless_multi_is_asked(tmp_path)
 
 def test_parquet_weights(tmp_path):
     columns = {"label": pa.array(["a", "b"]), "weight": pa.array([0.5, 2.0])}
-    found = sources.scan(_parquet(tmp_path / "x.parquet", columns))
+    found = sources.scan(_parquet(tmp_path / "x.parquet", columns), labels=WEIGHTED)
     assert found.weighted and [i.weight for i in found.items] == [0.5, 2.0]
     columns = {"labels": pa.array([["a"], ["b"]]), "w": pa.array([1, 3])}
     named = sources.scan(
@@ -428,7 +434,7 @@ def test_bad_parquet_weights_are_errors(tmp_path):
     with pytest.raises(ChuteError, match=r"x.parquet, row 1: the sample weight \(column "
                                           r"'weight'\) must be a finite number >= 0. "
                                           "Received: -1.0"):  # fmt: skip
-        sources.scan(source)
+        sources.scan(source, labels=WEIGHTED)
     match = r"`weight_column`: .*x.parquet has columns \['image', 'label', 'weight'\]; 'w' is not"
     with pytest.raises(ChuteError, match=match):
         sources.scan(source, labels=LabelRules(weight_column="w"))
@@ -564,3 +570,15 @@ def test_a_weight_column_asked_of_a_folder_is_refused(tmp_path):
                                           r"sources; `source` is a folder source. Received: "
                                           "weight_column='w'"):  # fmt: skip
         sources.scan(str(_tree(tmp_path / "tree")), labels=LabelRules(weight_column="w"))
+
+
+def test_negatives_or_a_label_limit_ask_for_multi_label_by_themselves(tmp_path, caplog):
+    listed = _csv(tmp_path, "path,labels\na.png,cat\nb.png,\nc.png,dog\n")
+    with caplog.at_level(logging.INFO, logger="chute.ingest.sources"):
+        found = sources.scan(listed, labels=LabelRules(allow_empty=True))
+    assert "multi-label: allow_empty_labels=True asks for it" in caplog.text
+    assert found.multi_label and [i.labels for i in found.items] == [(0,), (), (1,)]
+    with pytest.raises(ChuteError, match=r"line 3: the label is empty"):
+        sources.scan(listed, labels=LabelRules(mode="single"))
+    with pytest.raises(ChuteError, match=r"a folder source is single-label .*allow_empty_labels"):
+        sources.scan(_tree(tmp_path / "tree"), labels=LabelRules(allow_empty=True))

@@ -61,3 +61,16 @@ def test_round_trip_through_dict():
     options = ConvertOptions(image_size="20x30", interpolation="lanczos", val_fraction=0.1)
     assert ConvertOptions.from_dict(options.to_dict()) == options
     assert options.to_dict()["image_size"] == [20, 30]
+
+
+def test_label_options_at_their_defaults_leave_the_stored_options_as_they_were():
+    from chute.ingest.options import LABEL_OPTIONS, ConvertOptions
+
+    stored = ConvertOptions().to_dict()
+    assert not set(LABEL_OPTIONS) & set(stored)  # what an older chute wrote and compares
+    asked = ConvertOptions(allow_empty_labels=True, weight_column="w").to_dict()
+    assert asked["allow_empty_labels"] is True and asked["weight_column"] == "w"
+    assert "label_separator" not in asked
+    assert ConvertOptions.from_dict(asked) == ConvertOptions(
+        allow_empty_labels=True, weight_column="w"
+    )

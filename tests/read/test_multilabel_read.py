@@ -100,3 +100,16 @@ def test_a_single_label_dataset_refuses_multi_hot_and_weights(shared_dataset):
     # and reads as it always did: integer labels, no weights
     _, labels = next(iter(chute.load(shared_dataset, "train", batch_size=4)))
     assert np.asarray(labels).dtype == np.int32
+
+
+def test_host_augmentation_and_a_disk_cache_keep_the_weights_apart(multi_label_data, tmp_path):
+    # a Keras layer on the host transforms the images: labels and weights go on unchanged
+    batch = next(iter(chute.load(multi_label_data, "train", batch_size=8, augment=["contrast"],
+                                 augment_on="host", seed=1)))  # fmt: skip
+    assert len(batch) == 3 and set(np.asarray(batch[2])) <= {1.0, 2.0, 3.0}
+    # rows with and without weights are two caches, never one file read as the other
+    cache = f"disk:{tmp_path}"
+    for weights in (True, False, True):
+        ds = chute.load(multi_label_data, "train", batch_size=8, cache=cache,
+                        sample_weights=weights, seed=1)  # fmt: skip
+        assert all(len(batch) == (3 if weights else 2) for batch in ds)

@@ -183,7 +183,7 @@ def test_a_weighted_single_label_dataset_has_its_weights_checked_and_shown(tmp_p
         rows.append(f"{i}.png,{'ab'[i % 2]},{_weight_of(i)}")
     (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
     out = tmp_path / "out"
-    chute.convert(tmp_path / "list.csv", out, val_fraction=0.0)
+    chute.convert(tmp_path / "list.csv", out, val_fraction=0.0, weight_column="weight")
     manifest = chute.load_manifest(out)
     assert manifest.weighted and not manifest.multi_label
     assert chute.verify(out).ok

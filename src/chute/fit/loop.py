@@ -225,7 +225,8 @@ def _steps(model, strategy, optimizer, config, class_weight, augmentation, globa
 
     @tf.function
     def train_step(iterator):
-        def step(images, labels):
+        def step(images, labels, sample_weights=None):
+            # augmentation never comes with sample weights (see chute.read.target)
             if augmentation is not None:  # on the replica's device, like fit's wrapper
                 if augmentation.mixing:
                     images, labels = augmentation(images, labels)
@@ -237,6 +238,8 @@ def _steps(model, strategy, optimizer, config, class_weight, augmentation, globa
                 per_example = loss_fn(labels, probs)
                 if weights is not None:
                     per_example *= tf.gather(weights, targets(labels))
+                if sample_weights is not None:  # each record's own weight, as fit applies it
+                    per_example *= tf.cast(sample_weights, tf.float32)
                 # Divided by the global batch: the replicas' gradients are summed, not averaged.
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
                 scaled = optimizer.scale_loss(loss) if scaling else loss

@@ -296,13 +296,18 @@ def _weighted_class() -> type:
             from_logits: bool = False,
             reduction: str = "sum_over_batch_size",
             name: str = "weighted_binary_crossentropy",
+            label_smoothing: float = 0.0,
             **kwargs: Any,
         ):
             super().__init__(reduction=reduction, name=name, **kwargs)
             self.positive_weights = [float(w) for w in positive_weights]
             self.from_logits = bool(from_logits)
+            self.label_smoothing = float(label_smoothing)
 
         def call(self, y_true: Any, y_pred: Any) -> Any:
+            if self.label_smoothing:  # towards 0.5, as keras.losses.BinaryCrossentropy does
+                y_true = keras.ops.cast(y_true, y_pred.dtype)
+                y_true = y_true * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
             return weighted_binary_crossentropy(
                 y_true, y_pred, self.positive_weights, from_logits=self.from_logits
             )
@@ -311,6 +316,7 @@ def _weighted_class() -> type:
             return super().get_config() | {
                 "positive_weights": self.positive_weights,
                 "from_logits": self.from_logits,
+                "label_smoothing": self.label_smoothing,
             }
 
     return WeightedBinaryCrossentropy
@@ -347,18 +353,25 @@ def make_loss(
     *,
     from_logits: bool = False,
     reduction: str = "sum_over_batch_size",
+    label_smoothing: float = 0.0,
 ) -> Any:
     """The multi-label loss: Keras's own ``BinaryCrossentropy`` when no ``weights`` are
     asked, else binary cross-entropy with each label's positives times its weight
-    (:func:`positive_weights`), saved in the model as ``chute>WeightedBinaryCrossentropy``.
+    (:func:`positive_weights`), saved in the model as ``chute>WeightedBinaryCrossentropy``;
+    ``label_smoothing`` moves each 0/1 target towards 0.5 by that much, in both.
 
     Example:
         >>> make_loss([4.0, 1.0]).positive_weights  # doctest: +SKIP
         [4.0, 1.0]
     """
     if weights is None:
-        return keras.losses.BinaryCrossentropy(from_logits=from_logits, reduction=reduction)
-    return _weighted_class()(list(weights), from_logits=from_logits, reduction=reduction)
+        return keras.losses.BinaryCrossentropy(
+            from_logits=from_logits, reduction=reduction, label_smoothing=label_smoothing
+        )
+    return _weighted_class()(
+        list(weights), from_logits=from_logits, reduction=reduction,
+        label_smoothing=label_smoothing,
+    )  # fmt: skip
 
 
 def training_metrics(num_labels: int) -> list:

@@ -64,7 +64,9 @@ def make_loss(
     :func:`multi_label_positives`) binary cross-entropy, each label's positives weighed."""
     if positives is not None:
         weights = None if config.positive_weights is None else positives
-        return multilabel.make_loss(weights, reduction=reduction)
+        return multilabel.make_loss(
+            weights, reduction=reduction, label_smoothing=config.label_smoothing
+        )
     if categorical(config):
         return keras.losses.CategoricalCrossentropy(
             label_smoothing=config.label_smoothing, reduction=reduction
@@ -91,7 +93,7 @@ def multi_label_positives(config: TrainConfig, manifest: Any) -> Any:
         return None
     if config.class_weights is not None:
         raise ChuteError(
-            f"{manifest.location} is multi-label: an image's classes cannot each weigh the "
+            f"{manifest.location} is multi-label: an image's labels cannot each weigh the "
             "whole image; pass positive_weights='balanced' (each label's positives "
             f"weighed). Received: class_weights={config.class_weights!r}"
         )

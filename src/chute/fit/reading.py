@@ -80,7 +80,7 @@ def reading(
     """
     size = input_size(config, manifest)
     labels = "categorical" if categorical(config) else "int"
-    if manifest.multi_label:  # a 0/1 per label; smoothing and MixUp work on it as it is
+    if manifest.multi_label:  # a 0/1 per label: MixUp blends it, the loss smooths it
         labels = "multi_hot"
     host_batch = _per_host_batch(config, devices)  # None: one pipeline of global batches
     # the service and the Grain engine stream from epoch to epoch (fit is told the steps)

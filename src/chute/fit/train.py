@@ -165,10 +165,6 @@ def train(
             return _result(chiefs, None, inputs, history, seconds, devices, precision)
         with processes_lib.alone(devices):  # the chief alone: not a collective
             bundle = _save_best(model, manifest, run, config, precision, inputs)
-    if manifest.multi_label:  # outside the devices' scope: the bundle predicts on its own
-        from chute.fit import thresholds
-
-        bundle = thresholds.tune(bundle, manifest, config.load)
     result = _result(run, bundle, inputs, history, seconds, devices, precision)
     _write_reports(run, result, config, history, manifest)
     # Evaluated from the saved bundle, so the report measures what a user will load.
@@ -203,6 +199,8 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
         "augment_on": config.augment_on,
         "batch_size": config.batch_size,
         "engine": config.load.engine,
+        # A sigmoid head has the softmax's shapes: only this tells the two runs apart.
+        **({"label_mode": "multi"} if manifest.multi_label else {}),
         # The Grain engine's backups say where they are in examples of one global order:
         # such a run resumes on another batch size or device count (rundir skips the
         # batch size when both runs record this; an older run's backup counts steps).
@@ -287,6 +285,14 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devic
         devices.replicas,
     )
     positives = multi_label_positives(config, manifest)  # before any reading: fails fast
+    weighted = manifest.weighted and config.load.sample_weights is not False
+    if config.class_weights is not None and weighted:
+        raise ChuteError(
+            f"{manifest.location} has sample weights, which Keras cannot apply together with "
+            "class weights: pass sample_weights=False (--no-sample-weights) to weigh by "
+            f"class instead, or leave class_weights out. Received: class_weights="
+            f"{config.class_weights!r}"
+        )
     if manifest.multi_label and devices.kind == "multiworker":
         raise ChuteError(
             f"{manifest.location} is multi-label: training it under "
@@ -567,14 +573,22 @@ def _save_best(model, manifest, run, config: TrainConfig, precision: str, inputs
     best = run.checkpoint("best")  # the best epoch of the whole run, resumes included
     if storage.exists(best):
         model = load_model(best)
+    model = trainable.portable(model)  # float32 layers, same weights: predicts anywhere
+    tuned = None
+    if manifest.multi_label:  # before chute.json: a bundle in place always has its thresholds
+        from chute.fit import thresholds
+
+        tuned = thresholds.tuned(
+            model, manifest, config.load,
+            input_size=inputs.input_shape[:2], crop_fraction=inputs.crop_fraction,
+        )  # fmt: skip
     return save_bundle(
-        trainable.portable(model),  # float32 layers, same weights: predicts anywhere
+        model,
         run.bundle,
         class_names=manifest.class_names,
         image=manifest.image,
         crop_fraction=inputs.crop_fraction,
-        # multi-label: 0.5 each until tuned on the val split (see chute.fit.thresholds)
-        thresholds=[0.5] * manifest.num_classes if manifest.multi_label else None,
+        thresholds=tuned,
         info={
             "data": manifest.location,
             "model": config.model,

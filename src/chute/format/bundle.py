@@ -200,20 +200,6 @@ def save_bundle(
     return bundle
 
 
-def save_thresholds(bundle: Bundle, thresholds: list[float]) -> Bundle:
-    """Writes a multi-label model's tuned ``thresholds`` into its bundle's ``chute.json``
-    (atomically: a reader sees the old thresholds or the new ones); returns the bundle
-    holding them.
-
-    Example:
-        >>> save_thresholds(load_bundle("runs/tags"), [0.4, 0.7])  # doctest: +SKIP
-    """
-    updated = dataclasses.replace(bundle, thresholds=list(thresholds))
-    text = updated.to_json()
-    storage.write_atomic(storage.join(bundle.location, META_NAME), text.encode("utf-8"))
-    return updated
-
-
 def load_bundle(path: str | os.PathLike | Bundle, *, compile: bool = False) -> Bundle:
     """Reads a model bundle's ``chute.json``; the model loads on first use.
 

@@ -19,6 +19,10 @@ from chute.ingest.sources.base import LABEL_MODES, LabelRules
 from chute.settings import from_mapping, option
 
 COLOR_MODES = ("grayscale", "rgb", "auto")
+# the options of multi-label and weighted sources: left out of to_dict() at their defaults
+LABEL_OPTIONS = (
+    "label_mode", "label_separator", "allow_empty_labels", "max_labels", "weight_column",
+)  # fmt: skip
 ENCODING_CHOICES = (*ENCODINGS, "auto")
 # A quote or a line break would cut a CSV cell; a comma would end it: the cell holds the labels.
 FORBIDDEN_SEPARATORS = ('"', "'", "\n", "\r", ",")
@@ -83,7 +87,7 @@ class ConvertOptions:
             (by default it is rejected, with its reason).
         max_labels: multi-label: an image with more labels is rejected (None: no limit).
         weight_column: the column (CSV header, JSONL key, Parquet column) of sample
-            weights (finite, >= 0); default: ``weight`` when the source has one.
+            weights (finite, >= 0); None: no weights, whatever the columns are called.
 
     Example:
         >>> ConvertOptions(image_size="75", color_mode="grayscale").image_size
@@ -141,7 +145,7 @@ class ConvertOptions:
         None, "multi-label: reject images with more labels", type=int, metavar="N"
     )
     weight_column: str | None = option(
-        None, "the column of sample weights (default: 'weight' when present)", type=str,
+        None, "the column of sample weights (default: none)", type=str,
         metavar="NAME",
     )  # fmt: skip
 
@@ -230,10 +234,15 @@ class ConvertOptions:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The options as JSON-ready values (tuples become lists)."""
+        """The options as JSON-ready values (tuples become lists); the label options only
+        where they differ from their defaults, so that a conversion that does not use them
+        writes the manifest and work stamp an older chute wrote (and reads and resumes)."""
         out = dataclasses.asdict(self)
         # A list, as JSON gives it back: a stored stamp then compares equal to a fresh one.
         out["image_size"] = list(self.image_size) if self.image_size else None
+        for field in dataclasses.fields(self):
+            if field.name in LABEL_OPTIONS and out[field.name] == field.default:
+                del out[field.name]
         return out
 
     @classmethod

@@ -148,8 +148,9 @@ class LoadOptions:
         choices=LABEL_MODES[:-1],
     )
     sample_weights: bool | None = option(
-        None, "yield each record's weight (default: in training, when the dataset has them)"
-    )
+        None, "yield each record's weight (default: in training, when the dataset has them)",
+        type=bool,
+    )  # fmt: skip
     augment: tuple = option(
         (),
         "comma-separated: crop,flip,rotation,zoom,translation,contrast,brightness,"

@@ -10,11 +10,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from chute.errors import ChuteError
 from chute.format.manifest import Manifest
 from chute.format.spec import ImageSpec
 from chute.read.options import LoadOptions
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CROP_FRACTION = 0.875  # evaluation: centre crop of 224 from 256, the usual
 
@@ -106,9 +109,14 @@ def _check_labels(manifest: Manifest, options: LoadOptions, label_mode: str | No
 def _weights(manifest: Manifest, options: LoadOptions, training: bool, label_mode) -> bool:
     """Whether batches carry the records' sample weights."""
     if options.sample_weights is None:
+        wanted = manifest.weighted and training and label_mode is not None
+        if wanted and options.augment_spec.mixing:
+            log.info(
+                "sample weights left out: MixUp and CutMix blend two images' labels, not "
+                "their weights (pass sample_weights=True to be told why not)"
+            )
         # not where a batch's third element is already something else
-        usual = not options.pad_final_batch and not options.augment_spec.mixing
-        return manifest.weighted and training and label_mode is not None and usual
+        return wanted and not options.pad_final_batch and not options.augment_spec.mixing
     if not options.sample_weights:
         return False
     if not manifest.weighted:

@@ -90,12 +90,13 @@ class _Request(NamedTuple):
 def _single_label(kind: str, source: str, request: _Request) -> None:
     """Refuses ``label_mode="multi"`` for a source that has one class per image by its
     shape (a class-per-folder tree, arrays of integer labels)."""
-    if request.labels.mode != "multi":
+    asked = "label_mode='multi'" if request.labels.mode == "multi" else request.labels.hinted
+    if asked is None:
         return
     why = "one integer label per image" if kind in ("npz", "keras") else "one class per folder"
     raise ChuteError(
         f"`label_mode`: a {kind} source is single-label ({why}). Received: "
-        f"label_mode='multi', source={source!r}; list the images and their labels in a CSV "
+        f"{asked}, source={source!r}; list the images and their labels in a CSV "
         "(path,labels with 'cat|night'), a JSONL file (\"labels\": [...]) or a Parquet file "
         "with a list column"
     )

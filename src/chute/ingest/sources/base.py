@@ -71,7 +71,7 @@ class LabelRules:
         allow_empty: an image with no label is a valid negative (else a reject).
         max_labels: more labels on one image is a reject naming the count (None: no limit).
         weight_column: the column (CSV header, JSONL key, Parquet column) of sample
-            weights; None looks for ``weight``.
+            weights; None: no weights (a column named ``weight`` is not read unless named).
     """
 
     mode: str = "auto"
@@ -79,6 +79,16 @@ class LabelRules:
     allow_empty: bool = False
     max_labels: int | None = None
     weight_column: str | None = None
+
+    @property
+    def hinted(self) -> str | None:
+        """In ``auto`` mode, the option that asks for multi-label data by itself (negatives
+        or a label count only mean something there), else None."""
+        if self.mode != "auto":
+            return None
+        if self.allow_empty:
+            return "allow_empty_labels=True"
+        return None if self.max_labels is None else f"max_labels={self.max_labels}"
 
 
 ListingRow = tuple[str, int, int]  # (key, size, modification time in ns), -1 where unknown

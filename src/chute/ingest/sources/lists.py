@@ -14,8 +14,9 @@ label is rejected (or a negative, with ``allow_empty``), so is one with more
 than ``max_labels``; a separator that leaves an empty name (``cat||dog``) is an
 error naming the line.
 
-Sample weights: a column (CSV header) or key (JSONL) named ``weight``, or the
-one ``weight_column`` names: finite numbers >= 0, single- or multi-label.
+Sample weights: the column (CSV header) or key (JSONL) that ``weight_column`` names
+(only then: a column that happens to be called ``weight`` weighs nothing by itself):
+finite numbers >= 0, single- or multi-label.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 
 _PATH_HEADERS = ("path", "file", "filename", "filepath", "image")
 _LABEL_HEADERS = ("labels", "label", "class")
-WEIGHT = "weight"  # the weight column looked for when none is named
 
 
 class _Row(NamedTuple):
@@ -133,7 +133,9 @@ def scan_list(
 def _read_jsonl(path: str, text: str, rules: LabelRules) -> list[_Row]:
     """The rows of a JSONL list: ``{"path", "label" or "labels", "split"?, "weight"?}``."""
     rows: list[_Row] = []
-    weight_key = rules.weight_column or WEIGHT
+    # Weights only when asked: a column that happens to be named "weight" must not start
+    # weighing an existing dataset's loss when it is converted again.
+    weight_key = rules.weight_column
     keys_seen: set[str] = set()
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -146,14 +148,14 @@ def _read_jsonl(path: str, text: str, rules: LabelRules) -> list[_Row]:
             value = record["labels"] if "labels" in record else record["label"]
             label = _json_names(value) if isinstance(value, list) else str(value)
             keys_seen.update(record)
-            weight = record.get(weight_key)
+            weight = record.get(weight_key) if weight_key else None
             rows.append((number, str(record["path"]), label, split, weight))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ChuteError(
                 f"{path}, line {number}: each line must be a JSON object with 'path' and "
                 f"'label' (or 'labels'). Received: {line[:80]!r} ({error})"
             ) from None
-    weighted = rules.weight_column is not None or weight_key in keys_seen
+    weighted = rules.weight_column is not None
     if rules.weight_column is not None and rows and weight_key not in keys_seen:
         raise ChuteError(
             f"`weight_column`: no line of {path} has the key {weight_key!r} (keys: "
@@ -182,12 +184,12 @@ def _read_csv(path: str, text: str, rules: LabelRules) -> list[_Row]:
     header: list[str] = []
     if reader and reader[0] and reader[0][0].strip().lower() in _PATH_HEADERS:
         header = [h.strip().lower() for h in reader[0]]
-        wanted = (rules.weight_column or WEIGHT).strip().lower()
+        wanted = (rules.weight_column or "").strip().lower()  # weights only when asked
         columns = {
             "path": 0,
             "label": next((i for i, h in enumerate(header) if h in _LABEL_HEADERS), 1),
             "split": header.index("split") if "split" in header else None,
-            "weight": header.index(wanted) if wanted in header else None,
+            "weight": header.index(wanted) if wanted and wanted in header else None,
         }
         if rules.weight_column is not None and columns["weight"] is None:
             raise ChuteError(
@@ -251,6 +253,9 @@ def _is_multi(path: str, rows: list[_Row], rules: LabelRules) -> bool:
         return rules.mode == "multi"
     lists = sum(isinstance(row.label, tuple) for row in rows)
     separated = sum(isinstance(row.label, str) and rules.separator in row.label for row in rows)
+    if rules.hinted and not (lists or separated):
+        log.info("multi-label: %s asks for it (%s)", rules.hinted, name)
+        return True
     if lists:
         log.info("multi-label: %d lines of %s hold a JSON list of labels", lists, name)
     elif separated:

@@ -23,7 +23,7 @@ by newer ``datasets``, ``{"_type": "List", "feature": ...}``; or a plain list of
 strings or integers) gives each image several labels: class names from the
 metadata when it has them, else the distinct values sorted. With
 ``label_mode="multi"`` a column of single values is read as one label each.
-Sample weights: the ``weight`` column (or ``weight_column``), numbers.
+Sample weights: the column ``weight_column`` names (only then), numbers.
 
 ``hf:OWNER/NAME[:CONFIG]`` downloads the files through ``huggingface_hub`` (what
 the ``datasets`` library uses; ``pip install 'chute[hf]'``) into its cache.
@@ -229,16 +229,14 @@ def _columns(
             )
     _check_kinds(schema, image, label, image_column, label_column, path)
     class_names = (_class_feature(features.get(label)) or (None, False))[0]
-    # "weight" read as the labels (label_column="weight") is not also the weights
-    weight = (
-        _weight_column(schema, weight_column, path) if weight_column or label != "weight" else None
-    )
+    # weights only when asked: a column named "weight" alone does not weigh a dataset
+    weight = _weight_column(schema, weight_column, path) if weight_column else None
     return image, label, class_names, weight
 
 
 def _weight_column(schema: Any, given: str | None, path: str) -> str | None:
     """The column of sample weights: the one given (which must be there, and numbers), else
-    ``weight`` when it holds numbers."""
+    None when none is given."""
     import pyarrow as pa
 
     column = given or "weight"
@@ -458,7 +456,7 @@ def _check_multi(before: bool | None, lists: bool, label: str, path: str, rules)
             "Received: label_mode='single'; pass label_mode='multi' (--label-mode multi) or "
             "'auto'"
         )
-    multi = lists or rules.mode == "multi"
+    multi = lists or rules.mode == "multi" or rules.hinted is not None
     if before is not None and before != multi:
         raise ChuteError(
             f"`source`: column {label!r} of {path} holds {'lists' if lists else 'single values'}"

@@ -306,6 +306,9 @@ def _is_multi(location: str, found: list[tuple], rules: LabelRules) -> bool:
         for value, extension, problem in found
         if problem is None
     )
+    if rules.hinted and not (lists or separated):
+        log.info("multi-label: %s asks for it (%s)", rules.hinted, location)
+        return True
     if lists:
         log.info("multi-label: %d samples of %s hold a JSON list of labels", lists, location)
     elif separated:

@@ -51,7 +51,7 @@ def finisher(plan: ReadPlan, augmentation: DeviceAugmentation | None, host=None)
             elif augmentation.mixing:  # never with sample weights (see chute.read.target)
                 out = augmentation(*out)
             else:
-                out = (augmentation(out[0]), out[1])
+                out = (augmentation(out[0]), *out[1:])  # labels, and weights if any
         # uint8 leaves as it is: the models rescale their own input.
         if plan.dtype == "uint8":
             return out

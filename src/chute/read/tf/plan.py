@@ -177,7 +177,7 @@ def make_plan(
     part = share_lib.Share.of(input_context)  # a share of the only pipeline without one
     pipelines, index = part.pipelines, part.index
     cropped = aim.random_crop is not None or stored.size != shape[:2] or aim.crop_fraction < 1
-    namespace = _namespace(manifest, split, (pipelines, index), cropped, shape)
+    namespace = _namespace(manifest, split, (pipelines, index), cropped, shape, aim.weights)
     sampled = options.sampling is not None
     cache, cache_bytes = _cache_target(
         cache,
@@ -309,14 +309,21 @@ def _through_service(seed, cache, skip_corrupt: bool) -> tuple[None, None]:
 
 
 def _namespace(
-    manifest: Manifest, split: str, pipeline: tuple[int, int], cropped: bool, shape: tuple
+    manifest: Manifest,
+    split: str,
+    pipeline: tuple[int, int],
+    cropped: bool,
+    shape: tuple,
+    weights: bool = False,
 ) -> str:
     """A disk cache's file name: the split, and a digest of the dataset's version (its
     source fingerprint and shards' sha256), of this input pipeline's part, and of
     what is cached (decoded pixels at ``shape``, or encoded records)."""
     # The shards' digests in the key: a dataset converted again never reads another's cache.
     shards = [s.sha256 for s in manifest.split(split).shards]
-    key = json.dumps([manifest.source.get("fingerprint"), shards, pipeline, cropped, shape])
+    parts = [manifest.source.get("fingerprint"), shards, pipeline, cropped, shape]
+    # labels with weights are rows of another shape: never the cache of a read without them
+    key = json.dumps([*parts, "weights"] if weights else parts)
     # 16 hex digits: short enough for a file name, and collisions are not a practical worry.
     return f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
