@@ -69,3 +69,49 @@ def test_both_decoders_agree_and_every_truncation_is_an_error():
     for cut in range(1, len(record)):
         with pytest.raises(ChuteError, match=r"not a valid tf\.train\.Example"):
             parse.decode_example(record[:cut])
+
+
+def test_raw_records_are_read_in_place_exactly_as_the_general_parse_reads_them():
+    """The layout chute writes for a single-label raw image is read without the general
+    parse; any record outside it (another size, multi-label, weighted, any changed byte
+    that the general parse would read otherwise) is left to the general parse."""
+    from chute.format import records as records_lib
+
+    layout = records_lib.raw_layout(3, 2, 3)
+    for label in (0, 127, 128, 70_000, -1):
+        for key in ("a", "k" * 200, "dir/é.png"):
+            image = bytes(range(18))
+            record = parse.unframe(
+                records_lib.image_example(image=image, label=label, height=2, width=3,
+                                          channels=3, encoding="raw", key=key)
+            )  # fmt: skip
+            at, got = parse.raw_image_at(record, layout)
+            assert record[at : at + 18] == image and got == label
+    others = [
+        records_lib.image_example(image=bytes(18), label=1, height=3, width=2, channels=3,
+                                  encoding="raw", key="k"),
+        records_lib.image_example(image=bytes(18), label=records_lib.Target((1, 2)), height=2,
+                                  width=3, channels=3, encoding="raw", key="k"),
+        records_lib.image_example(image=bytes(18), label=records_lib.Target(1, 0.5), height=2,
+                                  width=3, channels=3, encoding="raw", key="k"),
+    ]  # fmt: skip
+    assert all(parse.raw_image_at(parse.unframe(r), layout) is None for r in others)
+    record = parse.unframe(
+        records_lib.image_example(image=bytes(18), label=9, height=2, width=3, channels=3,
+                                  encoding="raw", key="kk")
+    )  # fmt: skip
+    start = parse.raw_image_at(record, layout)[0]
+    for index in [*range(start), *range(start + 18, len(record))]:
+        for bit in (0x01, 0x40, 0x80):
+            bad = bytearray(record)
+            bad[index] ^= bit
+            found = parse.raw_image_at(bytes(bad), layout)
+            if found is None:
+                continue
+            try:
+                values = parse.record_values(bytes(bad))
+            except UnicodeDecodeError:  # only the key's text changed: not read here
+                continue
+            assert values["class"] == found[1], index
+            assert values["image"] == bytes(bad[found[0] : found[0] + 18]), index
+            assert values["size"].tolist() == [2, 3], index

@@ -343,3 +343,33 @@ def test_the_grain_engine_logs_its_class_sampling(imbalanced, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sampling=")]
     assert lines == ["sampling='balanced': 2 of 2 classes drawn, p = 0.5 each; 510 draws an "
                      "epoch: '0' (10 examples) ~25.5 times each, '1' (500) ~0.51"]  # fmt: skip
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_raw_records_read_in_place_give_the_general_parses_batches(
+    shared_dataset, monkeypatch, training
+):
+    """The Grain engine's path for raw images of the size read (no Example parse per
+    record) yields exactly what parsing each record does, flips drawn alike."""
+    from chute.read.grain import dataset as grain_dataset
+
+    def batches(fast: bool) -> list:
+        if not fast:
+            monkeypatch.setattr(grain_dataset.Batches, "_fast", lambda *args: False)
+        augment = ["flip"] if training else ()
+        ds = chute.load(shared_dataset, "train", engine="grain", batch_size=4, seed=3,
+                        workers=0, training=training, augment=augment)  # fmt: skip
+        got = [tuple(np.asarray(t) for t in batch) for _, batch in zip(range(4), ds, strict=False)]
+        monkeypatch.undo()
+        return got
+
+    used = []
+    real = grain_dataset.Batches._fast
+    monkeypatch.setattr(
+        grain_dataset.Batches, "_fast", lambda *a: used.append(real(*a)) or used[-1]
+    )
+    fast = batches(True)
+    assert used and all(used)  # every record took the in-place path
+    for (images, labels), (want_images, want_labels) in zip(fast, batches(False), strict=True):
+        np.testing.assert_array_equal(images, want_images)
+        np.testing.assert_array_equal(labels, want_labels)

@@ -311,6 +311,79 @@ def _decode_any(data: bytes) -> dict[str, list]:
     return features
 
 
+_CLASS_NAME = b"\x0a\x05class\x12"  # a class entry's name field and its Feature's tag
+_KEY_NAME = b"\x0a\x03key\x12"
+
+
+def raw_image_at(record: bytes, layout: records.RawLayout) -> tuple[int, int] | None:
+    """``(offset of the image bytes, class)`` of a record in exactly the layout chute
+    writes for a single-label, unweighted raw image (``layout``:
+    :func:`chute.format.records.raw_layout`), every byte of it checked; None for any
+    other record (parse those with :func:`record_values`). What a reader of fixed-size
+    raw images does per record without parsing the whole Example in Python.
+
+    Example:
+        >>> layout = records.raw_layout(1, 1, 2)
+        >>> record = unframe(records.image_example(image=bytes([7, 8]), label=5, height=1,
+        ...                  width=2, channels=1, encoding="raw", key="a"))
+        >>> at, label = raw_image_at(record, layout)
+        >>> list(record[at : at + 2]), label
+        ([7, 8], 5)
+        >>> raw_image_at(record, records.raw_layout(1, 2, 1)) is None  # another size
+        True
+    """
+    head, middle, tail, image_bytes = layout
+    try:
+        if record[0] != 0x0A:
+            return None
+        length, pos = _read_varint(record, 1)
+        if pos + length != len(record) or not record.startswith(head, pos):
+            return None
+        pos += len(head)
+        # the class entry: 0A len, 0A 05 "class", 12 flen, 1A llen, 0A plen, one varint
+        size = record[pos + 1]
+        if record[pos] != 0x0A or size >= 0x80 or not record.startswith(_CLASS_NAME, pos + 2):
+            return None
+        end = pos + 2 + size
+        flen, plen = record[pos + 10], record[pos + 14]
+        if (record[pos + 11], record[pos + 13]) != (0x1A, 0x0A) or flen != plen + 4:
+            return None
+        label, stop = record[pos + 15], pos + 16  # one byte: a label under 128
+        if label >= 0x80:
+            label, stop = _read_varint(record, pos + 15)
+        if stop != end or size != flen + 9 or record[pos + 12] != plen + 2:
+            return None
+        if not record.startswith(middle, end):
+            return None
+        image = end + len(middle)
+        pos = len(record) - len(tail)  # where the tail must start
+        # between the image and the tail: exactly the key entry (named "key"), its
+        # Feature, its BytesList and the one value, each ending where the tail starts
+        at = image + image_bytes
+        if record[at] != 0x0A:
+            return None
+        size, at = _length(record, at + 1)
+        if at + size != pos or not record.startswith(_KEY_NAME, at):
+            return None
+        size, at = _length(record, at + len(_KEY_NAME))
+        for _ in range(2):  # the BytesList, then its value
+            if at + size != pos or record[at] != 0x0A:
+                return None
+            size, at = _length(record, at + 1)
+        if at + size != pos or not record.startswith(tail, pos):
+            return None
+        return image, _signed(label)
+    except (IndexError, ChuteError):
+        return None
+
+
+def _length(record: bytes, at: int) -> tuple[int, int]:
+    """``(length, where its bytes start)`` of the varint length at ``at`` (one byte below
+    128, the usual case, read in place)."""
+    size = record[at]
+    return (size, at + 1) if size < 0x80 else _read_varint(record, at)
+
+
 def record_values(serialized: bytes) -> dict:
     """A chute record's features (see :mod:`chute.format.records`) as Python and NumPy
     values, parsed without TensorFlow: ``image`` bytes, ``class`` and ``channels`` ints,

@@ -229,6 +229,37 @@ def from_json(value: int | list) -> int | Target:
     return Target(classes if isinstance(classes, int) else tuple(classes), weight)
 
 
+class RawLayout(NamedTuple):
+    """The fixed parts of a single-label, unweighted record of a raw image of one size
+    (see :func:`raw_layout`): only the class and the key vary between such records."""
+
+    head: bytes  # before the class entry
+    middle: bytes  # between the class entry and the image's bytes
+    tail: bytes  # the size entry, which ends the record
+    image_bytes: int  # the image's length
+
+
+def raw_layout(channels: int, height: int, width: int) -> RawLayout:
+    """The :class:`RawLayout` of a raw ``height`` x ``width`` x ``channels`` image's record
+    as :func:`image_example` writes it; :func:`chute.format.parse.raw_image_at` reads
+    such records without a general parse.
+
+    Example:
+        >>> head, middle, tail, _ = raw_layout(1, 2, 3)
+        >>> record = image_example(image=bytes(6), label=4, height=2, width=3, channels=1,
+        ...                        encoding="raw", key="k")
+        >>> head in record and middle in record and record.endswith(tail + record[-4:])
+        True
+    """
+    size = height * width * channels
+    return RawLayout(
+        _entry(CHANNELS, channels),
+        _entry(ENCODING, b"raw") + _bytes_entry_head(IMAGE, size),
+        _entry(SIZE, (height, width)),
+        size,
+    )
+
+
 def image_example(
     *,
     image: bytes,

@@ -53,6 +53,8 @@ from typing import Any
 import numpy as np
 
 from chute.errors import ChuteError
+from chute.format import records
+from chute.format.spec import ImageSpec
 from chute.image import crop
 from chute.machine import available_cores
 from chute.read import sampling as sampling_lib
@@ -102,6 +104,7 @@ class Batches:
         probabilities: np.ndarray | None,
         window: int | None = None,
         shard_records: Sequence[int] = (),
+        stored: ImageSpec | None = None,
     ):
         self.source, self.plan, self.seed, self.share = source, plan, seed, plan.share
         self.probabilities, self.steps, self.flip = probabilities, plan.steps, plan.flip
@@ -123,6 +126,19 @@ class Batches:
             self.records = np.arange(start, start + plan.sizes[plan.share.index])
         self.finish = Finish(plan)
         self._drawn: tuple[int, np.ndarray] | None = None
+        # Raw images stored at the size yielded, one class each, no weights, no crop: the
+        # records' image bytes are found without parsing each Example (the layout chute
+        # writes; any other record takes the general parse).
+        self._raw = None
+        if (
+            stored is not None
+            and stored.encoding == "raw"
+            and stored.shape == plan.shape
+            and plan.random_crop is None
+            and not plan.multi_label
+            and not plan.weights
+        ):
+            self._raw = records.raw_layout(stored.channels, stored.height, stored.width)
 
     def __len__(self) -> int:
         # Training is one long stream (epochs follow each other); a resume slices into it.
@@ -239,6 +255,8 @@ class Batches:
         for slot, record in enumerate(records):
             if record < 0:  # padding: zeros, weight 0
                 continue
+            if self._raw is not None and self._fast(images, labels, slot, int(record), rng):
+                continue
             values = self.source[int(record)]
             images[slot] = self._pixels(values, rng)
             if plan.multi_label:
@@ -248,6 +266,21 @@ class Batches:
             if plan.weights:  # the record's own weight (padding never comes with weights)
                 weights[slot] = values["weight"][0]
         return self.finish(images, labels, weights)
+
+    def _fast(self, images, labels, slot: int, record: int, rng) -> bool:
+        """Batch slot ``slot`` filled from a record in chute's raw layout, with the flip
+        :meth:`_pixels` would draw (the same draws, in the same order); False for a record
+        in any other layout."""
+        found = self.source.raw_image(record, self._raw)
+        if found is None:
+            return False
+        data, at, label = found
+        image = np.frombuffer(data, np.uint8, images[slot].size, at).reshape(images.shape[1:])
+        if rng is not None and self.flip and rng.random() < 0.5:
+            image = image[:, ::-1]
+        images[slot] = image
+        labels[slot] = label
+        return True
 
     def _pixels(self, values: dict, rng: np.random.Generator | None) -> np.ndarray:
         """Evaluation (no ``rng``): the centre crop, exactly the tf.data engine's pixels;
@@ -342,7 +375,7 @@ def make_dataset(plan: GrainPlan, source: GrainSource, manifest):
     window = _window(plan, source, shards)
     batches = Batches(
         source, plan, seed=seed, probabilities=probabilities, window=window,
-        shard_records=[shard.records for shard in shards],
+        shard_records=[shard.records for shard in shards], stored=manifest.image,
     )  # fmt: skip
     workers = grain_workers.default_workers() if plan.workers is None else plan.workers
     if not plan.training:

@@ -190,11 +190,26 @@ class GrainSource:
                 f"record {operator.index(record)} is out of range: the {self.split} split "
                 f"of {self.location!r} holds {len(self)} records"
             )
+        return self._parsed(number, parse.record_values)
+
+    def raw_image(self, number: int, layout: records.RawLayout) -> tuple[bytes, int, int] | None:
+        """``(record, offset of its image, class)`` of record ``number`` (in range) when it
+        is in the layout chute writes for a single-label raw image (``layout``:
+        :func:`chute.format.records.raw_layout`), its frame checked; None otherwise (read
+        it with ``source[number]``). A reader of fixed-size raw images takes this path:
+        about a fifth of the general parse's time per record."""
+
+        record = self._parsed(number, _itself)
+        at = parse.raw_image_at(record, layout)
+        return None if at is None else (record, *at)
+
+    def _parsed(self, number: int, parse_record: Any) -> Any:
+        """``parse_record`` of record ``number``'s bytes, once its frame is checked."""
         shard = bisect.bisect_right(self._starts, number) - 1
         offset, size = self._offsets[number], self._lengths[number] + records.FRAME_OVERHEAD
         framed = self._read(shard, offset, size)
         try:
-            return parse.record_values(parse.unframe(framed))
+            return parse_record(parse.unframe(framed))
         except ChuteError as error:
             raise ChuteError(
                 f"Record {number} of the {self.split} split of {self.location!r} (in "
@@ -386,3 +401,7 @@ def _cached_index(cache: ShardCache, location: str, shard: Shard) -> record_inde
             f"manifest {shard.records} in {shard.bytes}"
         )
     return index
+
+
+def _itself(record: bytes) -> bytes:
+    return record
