@@ -6,7 +6,7 @@ BIN = $(VENV)/bin
 # pytest-xdist workers: one per core (CI machines have 2).
 WORKERS ?= auto
 
-.PHONY: demo test test-fast lint format bench bench-remote clean
+.PHONY: demo test test-fast lint format bench bench-remote bench-peers clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,16 @@ bench: $(BIN)/.installed
 bench-remote: $(BIN)/.installed
 	mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/bench_remote.py --rounds 2 --json benchmarks/results/remote.json
+
+# Photos per CPU-second: chute's two engines against the codelab's reader, Grain +
+# ArrayRecord, MosaicML Streaming, WebDataset, DALI (CPU), FFCV and a bare decode loop, each
+# from its own format; then 75x75 glyphs (raw and PNG). The peers go into a virtualenv of
+# their own (WORK_DIR/venv-peers, made by the script), never into .venv.
+bench-peers: $(BIN)/.installed
+	mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/bench_peers.py --rounds 3 --json benchmarks/results/peers.json
+	$(BIN)/python benchmarks/bench_peers.py --workload glyphs --rounds 3 \
+		--json benchmarks/results/peers-glyphs.json
 
 clean:
 	rm -rf $(VENV) chute-demo .pytest_cache
