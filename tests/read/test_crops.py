@@ -277,3 +277,20 @@ def test_host_augmentation_with_a_seed_is_the_same_on_any_core_count(
     assert run() == first
     plain = _keys(_load(out, augment=["flip"], seed=5, cache=None))
     assert sorted(plain) != sorted(first)
+
+
+def test_a_flip_alone_runs_in_the_graph_mirroring_about_half_keyed_by_the_batch():
+    import tensorflow as tf
+
+    from chute.read.tf.host_augment import HostAugmentation, flipped
+
+    images = np.random.default_rng(0).integers(0, 256, (64, 6, 5, 3), dtype=np.uint8)
+    key = tf.constant(11, tf.int64)
+    out = HostAugmentation(["flip"])(tf.constant(images), key).numpy()
+    mirrored = [np.array_equal(a, b[:, ::-1]) for a, b in zip(out, images, strict=True)]
+    kept = [np.array_equal(a, b) for a, b in zip(out, images, strict=True)]
+    assert all(m or k for m, k in zip(mirrored, kept, strict=True))
+    assert 16 <= sum(mirrored) <= 48  # a coin per image
+    assert np.array_equal(flipped(tf.constant(images), key).numpy(), out)  # the key decides
+    other = flipped(tf.constant(images), tf.constant(12, tf.int64)).numpy()
+    assert not np.array_equal(other, out)

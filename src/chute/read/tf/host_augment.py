@@ -49,13 +49,19 @@ class HostAugmentation:
 
     def __call__(self, images, key):
         """The batch augmented, as a tensor of the same shape and dtype (uint8)."""
+        if self.names == ("flip",):
+            return flipped(images, key)
         # stateful=False: the randomness comes from the key, so tf.data may treat the call as pure.
-        out = tf.numpy_function(self.apply, [images, key], tf.uint8, stateful=False)
+        out = tf.numpy_function(self._apply, [images, key], tf.uint8, stateful=False)
         # numpy_function forgets the shape; the batch comes back as it went in.
         return tf.ensure_shape(out, images.shape)
 
     def apply(self, images: np.ndarray, key: np.int64) -> np.ndarray:
-        """NumPy/OpenCV: each image of ``images`` augmented, choices drawn from ``key``."""
+        """NumPy/OpenCV: each image of ``images`` augmented, choices drawn from ``key``
+        (a flip alone runs in the graph instead, see :func:`flipped`)."""
+        return self._apply(images, key)
+
+    def _apply(self, images: np.ndarray, key: np.int64) -> np.ndarray:
         # The key is a signed int64: masked to a non-negative seed, which NumPy requires.
         rng = np.random.default_rng(int(key) & (2**63 - 1))
         out = np.empty_like(images)
@@ -101,3 +107,18 @@ class HostAugmentation:
         if channels == 1:
             return cv2.LUT(image, table[0]).reshape(image.shape)
         return cv2.LUT(image, np.ascontiguousarray(table.T).reshape(256, 1, channels))
+
+
+def flipped(images, key):
+    """A batch with half of its images (each a coin toss keyed by ``key``) mirrored left to
+    right, in the graph: a flip alone needs no warp, and no trip through Python per batch
+    (which cost a raw glyph batch more than reading it, see benchmarks/README.md).
+
+    Example:
+        >>> batch = tf.zeros((4, 2, 3, 1), tf.uint8)
+        >>> flipped(batch, tf.constant(7, tf.int64)).shape
+        TensorShape([4, 2, 3, 1])
+    """
+    seed = tf.stack([tf.cast(key, tf.int64), tf.constant(0x666C6970, tf.int64)])
+    coins = tf.random.stateless_uniform(tf.shape(images)[:1], seed=seed) < 0.5
+    return tf.where(coins[:, None, None, None], tf.reverse(images, axis=[2]), images)
