@@ -5,6 +5,7 @@ augmentation left to the device."""
 from __future__ import annotations
 
 import collections
+import io
 import platform
 from pathlib import Path
 
@@ -294,3 +295,50 @@ def test_a_flip_alone_runs_in_the_graph_mirroring_about_half_keyed_by_the_batch(
     assert np.array_equal(flipped(tf.constant(images), key).numpy(), out)  # the key decides
     other = flipped(tf.constant(images), tf.constant(12, tf.int64)).numpy()
     assert not np.array_equal(other, out)
+
+
+def test_the_workers_jpeg_decoder_gives_opencvs_pixels_and_falls_back_to_it(tmp_path):
+    """simplejpeg (libjpeg-turbo) decodes what OpenCV's IMREAD flags decode, bit for bit:
+    whole and at 1/2, 1/4, 1/8, in colour and grey, 4:2:0 and 4:4:4, and CMYK; a JPEG it
+    refuses (a file cut short) goes to OpenCV."""
+    import cv2
+
+    from chute.image import crop
+
+    assert crop.simplejpeg is not None, "the grain extra installs simplejpeg"
+    rng = np.random.default_rng(3)
+    cases = []
+    for height, width in [(37, 53), (120, 97), (64, 64)]:
+        pixels = rng.integers(0, 256, (height, width, 3), np.uint8)
+        smooth = cv2.GaussianBlur(pixels, (5, 5), 2)
+        for subsampling in (0, 2):  # 4:4:4, 4:2:0
+            path = tmp_path / f"{height}x{width}-{subsampling}.jpg"
+            Image.fromarray(smooth).save(path, quality=90, subsampling=subsampling)
+            cases.append(path.read_bytes())
+    flags = {
+        (3, 1): cv2.IMREAD_COLOR,
+        (1, 1): cv2.IMREAD_GRAYSCALE,
+        **crop._REDUCED,
+    }
+    for data in cases:
+        height, width = Image.open(io.BytesIO(data)).size[::-1]
+        for (channels, reduce), flag in flags.items():
+            got = crop.decode(data, "jpeg", (height, width, channels), reduce=reduce)
+            expected = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+            if channels == 3:
+                expected = cv2.cvtColor(expected, cv2.COLOR_BGR2RGB)
+            expected = expected.reshape(*expected.shape[:2], channels)
+            assert got.shape == expected.shape, (channels, reduce)
+            np.testing.assert_array_equal(got, expected)
+    cmyk = io.BytesIO()  # CMYK: converted to RGB as OpenCV converts it
+    Image.fromarray(rng.integers(0, 256, (20, 30, 4), np.uint8), "CMYK").save(cmyk, "JPEG")
+    expected = cv2.imdecode(np.frombuffer(cmyk.getvalue(), np.uint8), cv2.IMREAD_COLOR)
+    np.testing.assert_array_equal(
+        crop.decode(cmyk.getvalue(), "jpeg", (20, 30, 3)),
+        cv2.cvtColor(expected, cv2.COLOR_BGR2RGB),
+    )
+    # A JPEG cut short: simplejpeg refuses it and OpenCV is asked, which refuses it too.
+    data = cases[2][:-10]
+    assert crop._turbo(data, 3, 1) is None
+    with pytest.raises(ValueError, match="jpeg image that does not decode"):
+        crop.decode(data, "jpeg", (120, 97, 3))

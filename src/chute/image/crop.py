@@ -6,21 +6,25 @@ The same operations as :mod:`chute.image.tf_ops`, with the same windows:
 - **Training** (:func:`random_window` then :func:`window_pixels`): an
   Inception-style random-resized crop (an area share in ``scale``, an aspect
   ratio drawn log-uniformly in ``ratio``, ten tries, else the whole image),
-  resized to the output size; the caller flips.
+  resized to the output size; :func:`place` puts it in its batch, flipped or not.
 - **Evaluation** (:func:`centre_window`): the centred window of the output's
   aspect ratio over ``crop_fraction`` of the shorter side, computed as
   ``tf_ops.centre_crop`` computes it (same rounding).
 
 In training, a JPEG is decoded at 1/2, 1/4 or 1/8 of its size (libjpeg's DCT
-scaling, through OpenCV) when the window still covers the output at that scale:
-most of a large photo's decoding is skipped. Evaluation (``exact``) decodes the
-whole image, as the tf.data engine does, and resizes as ``tf.image.resize`` then
-``round``: for bilinear (the default) and nearest, the same float32 operations
-in the same order as TensorFlow's CPU kernels, so the pixels are the tf.data
-engine's, bit for bit (OpenCV's float resize rounds a pixel in ~0.1% to the next
-level). Bicubic, area and lanczos are OpenCV's (Keys a=-0.75, its own area
-weights, Lanczos-4): several levels from TensorFlow's. Images stored at the
-output size and evaluated uncropped are the stored pixels.
+scaling) when the window still covers the output at that scale: most of a large
+photo's decoding is skipped. JPEGs are decoded by libjpeg-turbo through ``simplejpeg``
+where it is installed (the ``grain`` extra): the same pixels as OpenCV's decoder and
+TensorFlow's accurate one, straight to RGB, in about two thirds of OpenCV's CPU time
+(``benchmarks/README.md``); OpenCV is asked about what it refuses (a damaged file).
+
+Evaluation (``exact``) decodes the whole image, as the tf.data engine does, and
+resizes as ``tf.image.resize`` then ``round``: for bilinear (the default) and
+nearest, the same float32 operations in the same order as TensorFlow's CPU kernels,
+so the pixels are the tf.data engine's, bit for bit (OpenCV's float resize rounds a
+pixel in ~0.1% to the next level). Bicubic, area and lanczos are OpenCV's (Keys
+a=-0.75, its own area weights, Lanczos-4): several levels from TensorFlow's. Images
+stored at the output size and evaluated uncropped are the stored pixels.
 
 Example:
     >>> centre_window(256, 320, (224, 224), 0.875)
@@ -39,6 +43,11 @@ import cv2
 import numpy as np
 
 from chute.image.resize import FILTERS
+
+try:  # libjpeg-turbo with its SIMD code; OpenCV's wheel decodes the same pixels slower
+    import simplejpeg
+except ImportError:  # pragma: no cover - the grain extra installs it
+    simplejpeg = None
 
 cv2.setNumThreads(1)  # parallelism comes from worker processes
 
@@ -118,6 +127,10 @@ def decode(
     channels = shape[2]
     if encoding == "raw":
         return np.frombuffer(data, np.uint8).reshape(shape)
+    if encoding == "jpeg" and simplejpeg is not None:
+        pixels = _turbo(data, channels, reduce)
+        if pixels is not None:
+            return pixels
     buffer = np.frombuffer(data, np.uint8)
     if reduce > 1:
         flags = _REDUCED[(channels, reduce)]
@@ -131,6 +144,28 @@ def decode(
         return pixels.reshape(*pixels.shape[:2], 1)
     # OpenCV decodes to BGR; every other decoder in chute gives RGB.
     return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+
+
+def _turbo(data: bytes, channels: int, reduce: int) -> np.ndarray | None:
+    """A JPEG decoded by simplejpeg, as :func:`decode` returns it; None for one it refuses."""
+    colorspace = "GRAY" if channels == 1 else "RGB"
+    try:
+        if reduce == 1:
+            return simplejpeg.decode_jpeg(data, colorspace=colorspace)
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        # The least scale that keeps ceil(size / reduce): libjpeg's 1/reduce, as OpenCV's
+        # IMREAD_REDUCED_* decodes it.
+        pixels = simplejpeg.decode_jpeg(
+            data,
+            colorspace=colorspace,
+            min_height=-(-height // reduce),
+            min_width=-(-width // reduce),
+        )
+    except ValueError:  # damaged data: OpenCV decides
+        return None
+    if pixels.shape[:2] != (-(-height // reduce), -(-width // reduce)):
+        return None  # pragma: no cover - libjpeg scales by M/8: 1/2, 1/4, 1/8 are exact
+    return pixels
 
 
 def window_pixels(
@@ -201,6 +236,25 @@ def resized(
     # Clipped: bicubic and lanczos overshoot past 0 and 255 near edges.
     out = np.clip(np.round(out), 0, 255).astype(np.uint8)
     return out.reshape(size[0], size[1], channels)
+
+
+def place(image: np.ndarray, out: np.ndarray, *, flip: bool = False) -> None:
+    """Copies HxWxC ``image`` into ``out`` (a batch's slot), mirrored left-right when
+    ``flip``. OpenCV mirrors a 224x224 RGB image in ~8 microseconds; NumPy's copy of
+    ``image[:, ::-1]`` walks it 3 bytes at a time (~340).
+
+    Example:
+        >>> out = np.zeros((1, 3, 1), np.uint8)
+        >>> place(np.arange(3, dtype=np.uint8).reshape(1, 3, 1), out, flip=True)
+        >>> out[..., 0].tolist()
+        [[2, 1, 0]]
+    """
+    if not flip:
+        out[...] = image
+        return
+    written = cv2.flip(np.ascontiguousarray(image), 1, dst=out)
+    if not np.shares_memory(written, out):  # pragma: no cover - OpenCV took another layout
+        out[...] = written.reshape(out.shape)
 
 
 # TensorFlow's resize kernels (tensorflow/core/kernels/image/resize_{bilinear,nearest_

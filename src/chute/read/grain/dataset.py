@@ -258,7 +258,7 @@ class Batches:
             if self._raw is not None and self._fast(images, labels, slot, int(record), rng):
                 continue
             values = self.source[int(record)]
-            images[slot] = self._pixels(values, rng)
+            self._pixels(values, rng, images[slot])
             if plan.multi_label:
                 labels[slot, values["labels"]] = 1
             else:
@@ -276,15 +276,14 @@ class Batches:
             return False
         data, at, label = found
         image = np.frombuffer(data, np.uint8, images[slot].size, at).reshape(images.shape[1:])
-        if rng is not None and self.flip and rng.random() < 0.5:
-            image = image[:, ::-1]
-        images[slot] = image
+        crop.place(image, images[slot], flip=rng is not None and self.flip and rng.random() < 0.5)
         labels[slot] = label
         return True
 
-    def _pixels(self, values: dict, rng: np.random.Generator | None) -> np.ndarray:
-        """Evaluation (no ``rng``): the centre crop, exactly the tf.data engine's pixels;
-        training: the random-resized crop (or the whole image) and the flip."""
+    def _pixels(self, values: dict, rng: np.random.Generator | None, out: np.ndarray) -> None:
+        """Writes a record's image into batch slot ``out``. Evaluation (no ``rng``): the
+        centre crop, exactly the tf.data engine's pixels; training: the random-resized crop
+        (or the whole image) and the flip."""
         plan = self.plan
         height, width = (int(n) for n in values["size"])
         shape, size = (height, width, int(values["channels"])), plan.shape[:2]
@@ -302,9 +301,7 @@ class Batches:
                 plan.interpolation, exact=rng is None,
             )  # fmt: skip
         # Drawn after the crop, from the same generator: the draws stay in one fixed order.
-        if rng is not None and self.flip and rng.random() < 0.5:
-            image = image[:, ::-1]  # copied into the batch
-        return image
+        crop.place(image, out, flip=rng is not None and self.flip and rng.random() < 0.5)
 
 
 class Finish:
