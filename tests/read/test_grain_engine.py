@@ -241,6 +241,26 @@ def test_a_plain_script_and_python_c_read_with_the_defaults_and_exit_quietly(sha
         assert not _left_in_shared_memory(before)
 
 
+def test_worker_processes_asked_for_from_an_unguarded_script_are_refused_by_name(
+    shards, tmp_path
+):
+    """``workers=2`` at a script's unguarded top level: each spawned worker would run the
+    script again and die bootstrapping. One ChuteError names the argument, the line and the
+    ways out, before any process starts; under the guard the same call is taken."""
+    import runpy
+
+    call = f"chute.load({str(shards)!r}, engine='grain', batch_size=8, workers=2)"
+    script = tmp_path / "tutorial.py"
+    script.write_text(f"import chute\n\ntrain = {call}\n")
+    with pytest.raises(ChuteError) as refused:
+        runpy.run_path(str(script), run_name="__main__")  # as `python tutorial.py` runs it
+    message = str(refused.value)
+    assert "`workers`: got 2" in message and "tutorial.py (line 3)" in message
+    assert 'if __name__ == "__main__":' in message and "workers=0" in message
+    script.write_text(f"import chute\n\nif __name__ == '__main__':\n    train = {call}\n")
+    assert runpy.run_path(str(script), run_name="__main__")["train"].workers == 2
+
+
 def _children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
     found = []

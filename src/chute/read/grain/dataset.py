@@ -375,6 +375,7 @@ def make_dataset(plan: GrainPlan, source: GrainSource, manifest):
         shard_records=[shard.records for shard in shards], stored=manifest.image,
     )  # fmt: skip
     workers = grain_workers.default_workers() if plan.workers is None else plan.workers
+    grain_workers.check_processes(workers)
     if not plan.training:
         reads = "every example once, in order"
     elif window is None:

@@ -33,6 +33,7 @@ import weakref
 
 import numpy as np
 
+from chute.errors import ChuteError
 from chute.machine import available_cores
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,28 @@ def default_workers() -> int:
     return 0
 
 
+def check_processes(workers: int) -> None:
+    """Refuses ``workers`` > 0 asked for from a script's unguarded top level, where each
+    spawned worker would run the script again and Python would stop it (a ChuteError
+    naming the line and the ways out, before any process starts).
+
+    Example:
+        >>> check_processes(0)  # threads: nothing to start
+    """
+    if workers <= 0:
+        return
+    unsafe = _unguarded_main_line()
+    if unsafe is None or not unsafe[1]:  # safe, or the line is unknown: let Grain try
+        return
+    raise ChuteError(
+        f"`workers`: got {workers} worker processes, which Grain spawns, and a spawned "
+        f"process runs the main script again: chute.load runs outside "
+        f'`if __name__ == "__main__":` in {unsafe[0]} (line {unsafe[1]}), so each worker '
+        "would start workers of its own. Put the script's work under that guard, or pass "
+        "workers=0 (threads in this process) or workers=None (chosen for you)"
+    )
+
+
 def _unguarded_main_line() -> tuple[str, int] | None:
     """``(file, line)`` of the main script's top-level statement running now when a
     spawned process would run it again (not under a ``__name__`` guard); None when
@@ -81,6 +104,7 @@ def _unguarded_main_line() -> tuple[str, int] | None:
     if frame is None:  # the script's top level is over (or unknown): assume the worst
         return (str(getattr(main, "__file__", "__main__")), 0)
     where = (frame.f_code.co_filename, frame.f_lineno)
+    linecache.checkcache(where[0])  # the script as it is now (rerun after an edit)
     try:
         tree = ast.parse("".join(linecache.getlines(where[0], vars(main))))
     # The source cannot be read back: assume the line is unguarded.
