@@ -95,8 +95,9 @@ FFCV_PACKAGE = "ffcv==1.0.2"
 ROWS = {
     "chute tf engine": ("chute", "chute", "tf decode_and_crop_jpeg (INTEGER_ACCURATE); "
                         "tf.image.resize bilinear; window only; uint8 NHWC"),
-    "chute grain engine": ("chute", "chute", "OpenCV whole image (DCT-reduced when the "
-                           "window allows); cv2.resize bilinear in float32; no; uint8 NHWC"),
+    "chute grain engine": ("chute", "chute", "simplejpeg whole image (1/2-1/8 DCT-reduced "
+                           "when the window allows); cv2.resize bilinear (uint8); no; "
+                           "uint8 NHWC"),
     "codelab tf.data": ("chute", "chute", "tf decode_jpeg whole image; tf.image.resize "
                         "bilinear (float32); no; uint8 NHWC"),
     "Grain + ArrayRecord + OpenCV": ("chute", "arrayrecord", "cv2.imdecode whole image; "
