@@ -241,9 +241,7 @@ def test_a_plain_script_and_python_c_read_with_the_defaults_and_exit_quietly(sha
         assert not _left_in_shared_memory(before)
 
 
-def test_worker_processes_asked_for_from_an_unguarded_script_are_refused_by_name(
-    shards, tmp_path
-):
+def test_worker_processes_asked_for_from_an_unguarded_script_are_refused_by_name(shards, tmp_path):
     """``workers=2`` at a script's unguarded top level: each spawned worker would run the
     script again and die bootstrapping. One ChuteError names the argument, the line and the
     ways out, before any process starts; under the guard the same call is taken."""
