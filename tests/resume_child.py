@@ -14,8 +14,8 @@ attempt one of
 
 After its attempts each plan's run is finished unharmed. For each plan the child prints
 whether its weights equal an uninterrupted run's on the same engine bit for bit (made
-first, for each engine named), its history, the epochs each attempt began with, and what
-the backup folder held after each attempt.
+first, for the Grain engine: false for a tf.data plan), its history, the epochs each
+attempt began with, and what the backup folder held after each attempt.
 """
 
 from __future__ import annotations
@@ -120,8 +120,11 @@ def weights(run: Path) -> list[np.ndarray]:
     return keras.models.load_model(run / "checkpoints" / "last.keras").get_weights()
 
 
+# The uninterrupted runs the kills are compared with: the Grain engine's only. The tf.data
+# engine reads an interrupted epoch again from its first batch, so its weights differ from
+# an uninterrupted run's by design (its plans check epochs and history, not weights).
 whole = {}
-for engine in sorted({plan["engine"] for plan in plans.values()}):
+for engine in sorted({plan["engine"] for plan in plans.values()} & {"grain"}):
     attempt(root / f"whole-{engine}", engine, {})
     whole[engine] = weights(root / f"whole-{engine}")
 results = {}
@@ -137,7 +140,8 @@ for name, plan in plans.items():
     results[name] = {
         "killed": killed,
         "left": left,
-        "same": all(
+        "same": plan["engine"] in whole
+        and all(
             np.array_equal(a, b) for a, b in zip(whole[plan["engine"]], weights(run), strict=True)
         ),
         "began": [began[a:b] for a, b in zip(starts, ends, strict=True)],
