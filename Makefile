@@ -17,13 +17,18 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/chute demo
 
+# The suite starts some 150 Python processes that import chute (and pytest rewrites the tests
+# in each worker): with bytecode caches (__pycache__, gitignored; Python's default, which some
+# machines' environments turn off with PYTHONDONTWRITEBYTECODE) they compile it once.
+TEST_ENV = PYTHONDONTWRITEBYTECODE=
+
 # The whole suite (what CI runs) on parallel workers, slow multi-process tests included.
 test: $(BIN)/.installed lint
-	$(BIN)/python -m pytest -n $(WORKERS)
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(WORKERS)
 
 # The inner loop: everything but the tests marked slow (multi-process runs, training).
 test-fast: $(BIN)/.installed
-	$(BIN)/python -m pytest -n $(WORKERS) -m "not slow"
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(WORKERS) -m "not slow"
 
 # ruff, then the import contracts in pyproject.toml (layers, no import circle).
 lint: $(BIN)/.installed
