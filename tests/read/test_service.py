@@ -169,12 +169,13 @@ def test_train_through_the_service_learns_as_well_as_reading_locally(dispatcher,
     src = _levels(tmp_path / "src")
     out = tmp_path / "out"
     chute.convert(src, out, workers=1, val_fraction=0.25, min_shards=4)
+    # Both runs reach val accuracy 1.0 in their first epoch (17 steps): 2 epochs show it.
     options = dict(
-        model="kannada-cnn", epochs=5, batch_size=8, learning_rate=3e-3, verbose=0, seed=3
+        model="kannada-cnn", epochs=2, batch_size=8, learning_rate=3e-3, verbose=0, seed=3
     )
     local = chute.train(out, tmp_path / "local", **options)
     served = chute.train(out, tmp_path / "served", data_service=dispatcher, **options)
-    assert served.epochs_run == local.epochs_run == 5
+    assert served.epochs_run == local.epochs_run == 2
     assert local.best_val_accuracy >= 0.9, local.best_val_accuracy  # the task is learnable
     assert served.best_val_accuracy >= local.best_val_accuracy - 0.1, (
         served.best_val_accuracy,
