@@ -26,7 +26,9 @@ from PIL import Image
 import chute
 from chute.errors import ChuteError
 from chute.lazy import tf
+from chute.read.tf import keys as keys_lib
 from chute.read.tf import service
+from chute.read.tf.plan import make_plan
 
 PER_CLASS = 100  # 200 records in 8 shards, batches of 4: with no worker lost, an epoch
 BATCH = 4  # holds every record (each worker's short last batch is regrouped by the reader)
@@ -122,16 +124,20 @@ def _check_epoch(examples, expected) -> None:
 def test_each_epoch_holds_every_example_at_most_once_in_a_new_order(dispatcher, data):
     src, out = data
     expected = _source(src)
-    # No global seed (a training earlier in this worker leaves one set): under a global seed
-    # TensorFlow fixes the pipeline's op seeds, each job (epoch) draws the same, and the
-    # epochs differ only by the workers' timing (seen: 70-144 of 200 positions alike with
-    # one worker; twice alike in a loaded CI run). See the README's tf.data service.
-    tf.random.set_seed(None)
-    ds = chute.load(out, batch_size=BATCH, training=True, seed=1, data_service=dispatcher)
-    epochs = [_examples(ds) for _ in range(2)]
+    # Under a global seed, as chute.train sets: it fixes the op seeds of the graph that every
+    # job (epoch) runs afresh; before chute.read.tf.keys mixed in the clock, the epochs
+    # differed only by the workers' timing (70-144 of 200 positions alike with one worker;
+    # all 200 once, on a loaded 2-core CI run).
+    tf.random.set_seed(1)
+    try:
+        ds = chute.load(out, batch_size=BATCH, training=True, seed=1, data_service=dispatcher)
+        epochs = [_examples(ds) for _ in range(2)]
+    finally:
+        tf.random.set_seed(None)
     for examples in epochs:
         _check_epoch(examples, expected)
-    assert epochs[0] != epochs[1]
+    alike = sum(a == b for a, b in zip(*epochs, strict=True))
+    assert alike < 20, alike  # two random orders of 200: about 1 (seen: 0 to 3)
     assert ds.element_spec[0].shape.as_list() == [BATCH, 6, 6, 1]
 
 
@@ -249,6 +255,38 @@ def test_jax_trains_through_the_service(dispatcher, tmp_path):
     history = json.loads((run / "history.json").read_text())
     assert len(history["loss"]) == 1 and np.isfinite(history["loss"][0])
     assert dispatcher in (run / "config.json").read_text()
+
+
+# -- no server needed ---------------------------------------------------------------------------
+
+
+def _first_keys(plan, offset: int) -> list[int]:
+    return [int(key) for key in keys_lib.stream(plan, offset).take(8)]
+
+
+def test_through_the_service_each_job_draws_its_own_keys_under_a_global_seed(shared_dataset):
+    """The service runs the same graph afresh for each epoch (a job): there, the keys that
+    drive block sizes, window orders, crops and flips must differ from one instantiation
+    of the graph to the next even though a global seed fixed its op seeds. Read here,
+    a seed still gives the same keys."""
+    manifest = chute.load_manifest(shared_dataset)
+    here = make_plan(manifest, "train", chute.LoadOptions(batch_size=4, seed=1))
+    served = make_plan(
+        manifest, "train", chute.LoadOptions(batch_size=4, data_service="127.0.0.1:1")
+    )
+    assert here.seed == 1 and served.seed is None and served.data_service
+    try:
+        for offset in (0, 1, 2, 3):
+            built = []
+            for _ in range(2):  # as each job's worker builds it: the same op seeds
+                tf.random.set_seed(7)
+                built.append((_first_keys(here, offset), _first_keys(served, offset)))
+            (here_a, served_a), (here_b, served_b) = built
+            assert here_a == here_b  # a seed: the same keys
+            assert not set(served_a) & set(served_b), offset  # each job its own
+            assert all(0 <= key < 2**32 for key in served_a + served_b)  # as Dataset.random
+    finally:
+        tf.random.set_seed(None)
 
 
 # -- errors (no server needed) ------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from chute.image import tf_ops
 from chute.lazy import tf
+from chute.read.tf import keys as random_keys
 from chute.read.tf.finish import labelled
 from chute.read.tf.plan import BLOCK, ReadPlan
 
@@ -52,9 +53,7 @@ def each_image(plan: ReadPlan, records, counters: dict, parallel: dict):
 
     if plan.training:
         # seed + 2: a stream of its own, apart from the shuffle's (seed + 1).
-        keys = tf.data.Dataset.random(
-            seed=None if plan.seed is None else plan.seed + 2, rerandomize_each_iteration=True
-        )
+        keys = random_keys.stream(plan, 2)
         records = tf.data.Dataset.zip(records, keys)
         crop = plan.random_crop
 
@@ -100,9 +99,7 @@ def _decode_counted(records, decode, counters: dict, parallel: dict):
 def shuffled_records(plan: ReadPlan, blocks):
     """Training: blocks of encoded records regrouped into windows of ``plan.window``,
     each permuted with one gather, then record by record (images are decoded after)."""
-    keys = tf.data.Dataset.random(
-        seed=None if plan.seed is None else plan.seed + 1, rerandomize_each_iteration=True
-    )
+    keys = random_keys.stream(plan, 1)
 
     def permute(block, key):
         data, labels = block
@@ -128,9 +125,7 @@ def shuffled_batches(plan: ReadPlan, blocks, parallel: dict, *, finished: bool):
     """
     batch_size = plan.batch_size
     # one key per window; not the stream of block sizes
-    keys = tf.data.Dataset.random(
-        seed=None if plan.seed is None else plan.seed + 1, rerandomize_each_iteration=True
-    )
+    keys = random_keys.stream(plan, 1)
 
     def cut(block, key):
         images, labels = block

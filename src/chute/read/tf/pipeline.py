@@ -13,6 +13,7 @@ import logging
 
 from chute.lazy import tf
 from chute.read.tf import batches
+from chute.read.tf import keys as random_keys
 from chute.read.tf.finish import finisher
 from chute.read.tf.plan import BLOCK, ReadPlan
 from chute.read.tf.shards import shard_blocks
@@ -192,7 +193,7 @@ def _shard_order(plan: ReadPlan, shards, seed: int | None):
     # (Sampling where pipelines share records: one fixed order, so that they stay disjoint.)
     if plan.reshuffle_each_epoch or (plan.sampling and plan.every_nth is None):
         order = order.shuffle(len(shards), seed=seed, reshuffle_each_iteration=True)
-        draws = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        draws = random_keys.stream(plan, 0, seed)
     else:
         draws = tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)).repeat()
     return tf.data.Dataset.zip(order, draws)
@@ -256,9 +257,7 @@ def _each_image(plan: ReadPlan, counters: dict, per_core: dict):
 def _finished(plan: ReadPlan, augmentation, host, parallel: dict):
     """Keras's random layers draw from a seed generator: with a seed, batches take their
     draws in order, so that the same seed augments the same way."""
-    keys = tf.data.Dataset.random(
-        seed=None if plan.seed is None else plan.seed + 3, rerandomize_each_iteration=True
-    )
+    keys = random_keys.stream(plan, 3)
     in_order = plan.seed is not None and bool(augmentation)
     return lambda ds: tf.data.Dataset.zip(ds, keys).map(
         finisher(plan, augmentation, host), **({} if in_order else parallel)
