@@ -9,6 +9,7 @@ saved bundle reloads with nothing but its folder.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -673,6 +674,29 @@ def test_cli_predict_partial_success_exits_0_and_reports_the_failures(
     assert (
         "0 when at least one image was classified" in help_text and "1 when none was" in help_text
     )
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.timeout(60)  # the old code waited in open() for ever: fail rather than hang
+def test_predict_skips_a_fifo_named_like_an_image_with_its_reason(bundle_dir: Path, tmp_path):
+    from helpers import run_here
+
+    folder = tmp_path / "imgs"
+    write_image(folder / "dark.png", solid(20))
+    pipe = folder / "pipe.png"
+    os.mkfifo(pipe)
+    try:
+        result = predict(bundle_dir, [folder, pipe])
+        cli = run_here("predict", bundle_dir, pipe, folder / "dark.png", "--json")
+    finally:  # a reader still waiting in open() (the old code) is let go
+        with contextlib.suppress(OSError):
+            os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+    assert [Path(p.path).name for p in result.predictions] == ["dark.png"]
+    assert result.failures == [(str(pipe), "not a regular file: a named pipe (FIFO)")]
+    assert cli.returncode == 0, cli.stderr
+    body = json.loads(cli.stdout)
+    assert [f["path"] for f in body["failures"]] == [str(pipe)]
+    assert "not a regular file" in body["failures"][0]["reason"]
 
 
 # -- file names that are not UTF-8 -------------------------------------------------------

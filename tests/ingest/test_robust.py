@@ -3,6 +3,7 @@ replaced, and workers run isolated from the current directory."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import random
@@ -10,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import all_records
+from helpers import all_records, make_folder
 from PIL import Image
 
 import chute
 from chute import ChuteError
+from chute.image.decode import read_file
+from chute.image.header import Rejected
 from chute.ingest import decode as decoding
 from chute.ingest import encode
 from chute.ingest.workers import WorkerPool
@@ -180,3 +183,40 @@ def test_pillows_bomb_guard_stays_on_in_the_host_process():
     from chute.ingest import convert, workers  # noqa: F401  (importing must not lift it)
 
     assert Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS > 0
+
+
+@contextlib.contextmanager
+def _fifo(path: Path):
+    """A named pipe at ``path``; on the way out, a reader still waiting in ``open()`` (the
+    old code's worker) is let go: a writer opens it, and the reader reads an empty file."""
+    os.mkfifo(path)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):  # ENXIO: nobody is waiting on it
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.timeout(60)  # the old code waited in open() for ever: fail rather than hang
+def test_a_fifo_named_like_an_image_is_rejected_not_opened(tmp_path):
+    src = make_folder(tmp_path / "src", {"cat": 4, "dog": 4})
+    with _fifo(src / "cat" / "pipe.png"):
+        result = chute.convert(src, tmp_path / "out", workers=1, val_fraction=0.25)
+    reasons = {r["key"]: r["reason"] for r in result.manifest.rejects}
+    assert list(reasons) == ["cat/pipe.png"]
+    assert "not a regular file" in reasons["cat/pipe.png"] and "pipe" in reasons["cat/pipe.png"]
+    assert sum(result.manifest.num_examples(s) for s in result.manifest.splits) == 8
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.timeout(60)
+def test_reading_a_fifo_or_a_device_is_a_reject_with_its_reason(tmp_path):
+    with _fifo(tmp_path / "pipe.png") as pipe:
+        with pytest.raises(Rejected, match="not a regular file: a named pipe"):
+            read_file(str(pipe))
+        probe = decoding.probe_chunk([str(pipe)], 10**6)[0]
+        assert probe.reject is not None and "not a regular file: a named pipe" in probe.reject
+    if os.path.exists("/dev/zero"):  # a device would stream without end
+        with pytest.raises(Rejected, match="not a regular file: a character device"):
+            read_file("/dev/zero")

@@ -11,7 +11,8 @@ second.
 from __future__ import annotations
 
 import os
-from typing import Any
+import stat
+from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
@@ -23,6 +24,9 @@ from chute.image.encode import strip_jpeg_metadata
 from chute.image.header import Rejected, open_image, orientation
 from chute.image.resize import decoded_size, resize, stored_size
 from chute.image.size import DEFAULT_MAX_PIXELS
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # (not on Windows, which has no named pipes to open)
+_BINARY = getattr(os, "O_BINARY", 0)
 
 
 def read_file(path: str | os.PathLike) -> bytes:
@@ -38,9 +42,51 @@ def read_file(path: str | os.PathLike) -> bytes:
         chute.image.header.Rejected: cannot read file: No such file or directory
     """
     try:
+        if storage.is_local(os.fspath(path)):
+            with open_local(os.fspath(path), buffering=0) as handle:
+                return handle.readall()
         return storage.read_bytes(path)
     except OSError as error:
         raise Rejected(f"cannot read file: {error.strerror or error}") from None
+
+
+def open_local(path: str, buffering: int = -1) -> BinaryIO:
+    """Local file ``path`` open for reading, if it is a regular file (a symlink to one
+    too): a named pipe named like an image would block its ``open()`` for ever, a device
+    stream without end. Opened without blocking, then checked, so nothing is read first.
+
+    Raises:
+        Rejected: not a regular file (the message says what it is).
+        OSError: it cannot be opened.
+
+    Example:
+        >>> open_local("/dev/null")
+        Traceback (most recent call last):
+        ...
+        chute.image.header.Rejected: not a regular file: a character device
+    """
+    fd = os.open(storage.local_path(path), os.O_RDONLY | _NONBLOCK | _BINARY)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise Rejected(f"not a regular file: {_kind(mode)}")
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    kinds = {
+        stat.S_ISFIFO: "a named pipe (FIFO)",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISDIR: "a folder",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "a special file")
 
 
 def to_channels(image: Image.Image, channels: int) -> Image.Image:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from chute.format import storage
-from chute.image.decode import read_file
+from chute.image.decode import open_local, read_file
 from chute.image.header import Probe, Rejected, describe_error, probe_header
 from chute.image.size import DEFAULT_MAX_PIXELS
 from chute.ingest.sources.members import Member, MemberError, open_member, read_member
@@ -57,7 +57,7 @@ def _probe(payload: Any, max_pixels: int) -> Probe:
             with open_member(payload, max_pixels) as (handle, size):
                 return probe_header(handle, size, max_pixels)  # reads the header only
         if storage.is_local(payload):
-            with open(storage.local_path(payload), "rb") as handle:
+            with open_local(payload) as handle:  # a regular file only: a FIFO blocks
                 size = os.fstat(handle.fileno()).st_size
                 return probe_header(handle, size, max_pixels)  # reads the header only
         data = read(payload)
