@@ -382,7 +382,10 @@ def _convert(args: argparse.Namespace) -> int:
     )
     print(f"  {_labels_headline(manifest)}, {manifest.image.describe()}")
     for name, split in manifest.splits.items():
-        print(f"  {name:<5} {split.examples:>8} images in {len(split.shards)} shard(s)")
+        print(
+            f"  {name:<5} {split.examples:>8} images in {len(split.shards)} shard(s)"
+            + (_val_note(args, manifest, split) if name == "val" else "")
+        )
     if result.resumed_shards:
         print(f"  resumed: {result.resumed_shards} shard(s) kept from the interrupted run")
     print(
@@ -390,6 +393,19 @@ def _convert(args: argparse.Namespace) -> int:
         f"{len(manifest.duplicates)} duplicate group(s)"
     )
     return 0
+
+
+def _val_note(args: argparse.Namespace, manifest: Any, split: Any) -> str:
+    """What the summary adds to the val split's line: that it was carved from train by
+    default, and how many classes it has no image of."""
+    note = ""
+    fraction = manifest.options.get("val_fraction")
+    if args.val_fraction is None and fraction:
+        note += f", {fraction:g} of train by default (the source has no val split)"
+    missing = sum(count == 0 for count in split.class_counts)
+    if missing:
+        note += f"; {missing} of {manifest.num_classes} classes have none"
+    return note
 
 
 # Images: above, reading every label back to count the negatives would hold the summary up.

@@ -24,6 +24,7 @@ from helpers import (
     make_folder,
     read_records,
     run_cli,
+    run_here,
     tree_bytes,
     write_image,
 )
@@ -763,6 +764,24 @@ def test_a_class_that_loses_its_training_images_while_decoding_is_kept_and_repor
     assert len(manifest.warnings) == 1 and "['c']" in manifest.warnings[0]
     assert chute.verify(out).ok
     assert "warning:" in chute.inspect(out)
+
+
+def test_a_val_fraction_that_leaves_classes_without_a_val_image_warns(tmp_path):
+    """20 classes x 10 images at --val-fraction 0.03: 6 val images, so 14 classes have
+    none; convert says so (a log warning, the manifest, the summary), not only inspect."""
+    src = make_folder(tmp_path / "src", {f"c{i:02d}": 10 for i in range(20)}, size=(4, 4))
+    out = tmp_path / "out"
+    done = run_here(
+        "convert", src, out, "--val-fraction", "0.03", "--workers", "1", "--no-progress"
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    warning = "14 of 20 class(es) have no validation image at val_fraction=0.03"
+    assert warning in done.stderr
+    assert re.search(r"val\s+6 images in 1 shard\(s\); 14 of 20 classes have none", done.stdout)
+    manifest = chute.load_manifest(out)
+    assert sum(count == 0 for count in manifest.splits["val"].class_counts) == 14
+    assert any(warning in text for text in manifest.warnings)
+    assert warning in chute.inspect(out)
 
 
 def test_classes_refused_before_any_shard_show_why_and_keep_rejects_csv(tmp_path):

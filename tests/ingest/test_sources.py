@@ -8,13 +8,14 @@ closed port of 127.0.0.1, so nothing touches the network.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import all_records, decode, make_folder, write_image
+from helpers import all_records, decode, make_folder, run_here, write_image
 
 import chute
 from chute.errors import ChuteError
@@ -665,12 +666,51 @@ def test_keras_cifar10_labels_of_shape_n_by_1(monkeypatch, tmp_path):
     assert [i.label for i in found.items if i.split == "test"] == [3, 0]
 
     out = tmp_path / "out"
-    result = chute.convert("keras:cifar10", out, workers=1, encoding="raw")
+    # val_fraction=0: the source's own splits only (by default a val split is carved from train)
+    result = chute.convert("keras:cifar10", out, workers=1, encoding="raw", val_fraction=0)
     assert result.num_written == {"train": 12, "test": 2}
     assert result.manifest.class_names == found.class_names
     index_of = {item.key: item.index for item in found.items}
     for record in all_records(out, "test"):
         np.testing.assert_array_equal(decode(record), x_test[index_of[record["key"]]])
+
+
+def test_a_keras_source_with_train_and_test_only_gets_a_stratified_val_split(monkeypatch, tmp_path):
+    """keras:fashion_mnist comes with train and test only: by default a tenth of each
+    class's training images becomes the val split (Keras users' ``validation_split=0.1``),
+    said in the summary; ``--val-fraction 0`` keeps none."""
+    rng = np.random.default_rng(5)
+    y_train = np.repeat(np.arange(10, dtype=np.uint8), 20)  # 10 classes x 20
+    x_train = rng.integers(0, 256, size=(200, 4, 4), dtype=np.uint8)
+    x_test = rng.integers(0, 256, size=(3, 4, 4), dtype=np.uint8)
+    y_test = np.array([0, 1, 2], dtype=np.uint8)
+    _fake_load_data(monkeypatch, "fashion_mnist", (x_train, y_train), (x_test, y_test))
+
+    out = tmp_path / "out"
+    done = run_here("convert", "keras:fashion_mnist", out, "--workers", "1", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    manifest = chute.load_manifest(out)
+    assert manifest.options["val_fraction"] == 0.1  # the fraction used, stored
+    assert list(manifest.splits["val"].class_counts) == [2] * 10  # stratified: 2 of each class's 20
+    assert manifest.num_examples("train") == 180 and manifest.num_examples("test") == 3
+    assert re.search(r"val\s+20 images in 1 shard\(s\), 0.1 of train by default", done.stdout)
+    assert "val_fraction=0.1" in done.stderr  # the log line says how to keep none
+    val = {record["key"] for record in all_records(out, "val")}
+    assert not val & {record["key"] for record in all_records(out, "train")}
+    again = run_here("convert", "keras:fashion_mnist", out, "--workers", "1", "--no-progress")
+    assert "nothing to do" in again.stdout, again.stdout + again.stderr
+
+    none = tmp_path / "none"
+    kept = run_here(
+        "convert", "keras:fashion_mnist", none, "--val-fraction", "0", "--workers", "1",
+        "--no-progress",
+    )  # fmt: skip
+    assert kept.returncode == 0, kept.stderr
+    assert {k: v.examples for k, v in chute.load_manifest(none).splits.items()} == {
+        "train": 200,
+        "test": 3,
+    }
+    assert "by default" not in kept.stdout
 
 
 def test_unknown_keras_dataset_is_an_error(monkeypatch):

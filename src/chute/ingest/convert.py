@@ -168,6 +168,7 @@ def convert(
             lock.remove_stale_scratch(output)
             # closing the source deletes what a compressed tar was unpacked to
             found = stack.enter_context(_scan(source, output, options, allow_outside, progress))
+            options = _decide_val_fraction(options, found)
             if beam is not None:
                 beam.check_source(found)
             files = found.listing()
@@ -280,6 +281,19 @@ def _scan(
         found.kind,
     )
     return found
+
+
+def _decide_val_fraction(options: ConvertOptions, found: sources.Source) -> ConvertOptions:
+    """The options with an unset ``val_fraction`` decided by the splits the source comes
+    with (a validation split carved from train when it has train and test only)."""
+    decided = options.for_source_splits({item.split for item in found.items if item.split})
+    if options.val_fraction is None and decided.val_fraction:
+        log.info(
+            "the source has train and test splits only: val_fraction=%g of each class's "
+            "training images becomes the val split (val_fraction=0 keeps none)",
+            decided.val_fraction,
+        )
+    return decided
 
 
 # -- workers ------------------------------------------------------------------------------
@@ -642,7 +656,8 @@ def _manifest(plan: _Plan, written: _Tally) -> manifest_lib.Manifest:
         },
         rejects=sorted(plan.rejects + written.rejects, key=lambda r: r["key"]),
         duplicates=written.guard.report(),
-        warnings=_warnings(found.class_names, splits),
+        warnings=_warnings(found.class_names, splits)
+        + _without_val(found.class_names, splits, plan.options),
         created_by=f"chute {__version__}",
         label_mode="multi" if found.multi_label else "single",
         weighted=found.weighted,
@@ -671,6 +686,30 @@ def _warnings(class_names: list[str], splits: dict[str, manifest_lib.Split]) -> 
         f"{len(empty)} class(es) lost every training image to files rejected while "
         f"decoding: {empty[:10]} (see rejects.csv); a model trained on this split "
         "never sees them"
+    )
+    log.warning(warning)
+    return [warning]
+
+
+def _without_val(
+    class_names: list[str], splits: dict[str, manifest_lib.Split], options: ConvertOptions
+) -> list[str]:
+    """What the manifest warns of: classes with no image in the val split (a small
+    ``val_fraction`` rounds a small class's share down to none)."""
+    if "val" not in splits:
+        return []
+    empty = [
+        name
+        for name, count in zip(class_names, splits["val"].class_counts, strict=True)
+        if count == 0
+    ]
+    if not empty:
+        return []
+    fraction = options.val_fraction
+    hint = f" at val_fraction={fraction:g}; raise it to give them one" if fraction else ""
+    warning = (
+        f"{len(empty)} of {len(class_names)} class(es) have no validation image{hint}: "
+        f"{empty[:10]}{' ...' if len(empty) > 10 else ''}; validation never measures them"
     )
     log.warning(warning)
     return [warning]

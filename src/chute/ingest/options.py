@@ -9,6 +9,7 @@ of ``chute convert``'s flags, are written here only.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 from chute import checks
@@ -26,6 +27,9 @@ LABEL_OPTIONS = (
 ENCODING_CHOICES = (*ENCODINGS, "auto")
 # A quote or a line break would cut a CSV cell; a comma would end it: the cell holds the labels.
 FORBIDDEN_SEPARATORS = ('"', "'", "\n", "\r", ",")
+# The val share carved from train when a source comes with train and test only: what Keras
+# users write as `validation_split=0.1`; without it `chute train` has no validation at all.
+DEFAULT_VAL_FRACTION = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +53,10 @@ class ConvertOptions:
         encoding: ``"raw"`` uint8 pixels, ``"png"``, ``"jpeg"`` or ``"auto"``
             (raw for small images, JPEG for photographs, PNG otherwise).
         quality: JPEG quality, 1-100.
-        val_fraction: share of each class held out for validation.
+        val_fraction: share of each class held out for validation; ``None`` (the
+            default): ``DEFAULT_VAL_FRACTION`` (0.1) for a source that comes with
+            train and test splits only (``keras:cifar10``, a ``train/`` + ``test/``
+            tree), else 0. Pass 0 to keep no validation split.
         test_fraction: share of each class held out for testing.
         seed: seed of the split and of the record order.
         shard_size_mb: target size of one shard file.
@@ -105,7 +112,12 @@ class ConvertOptions:
         "auto", "raw up to 128x128, JPEG for photos, else PNG", choices=ENCODING_CHOICES
     )
     quality: int = option(90, "JPEG quality, 1-100")
-    val_fraction: float = option(0.0, "share of each class held out for validation")
+    val_fraction: float | None = option(
+        None,
+        f"share of each class held out for validation (default: {DEFAULT_VAL_FRACTION} "
+        "for a source with train and test splits only, else 0)",
+        type=float,
+    )
     test_fraction: float = option(0.0, "share of each class held out for testing")
     seed: int = option(1337, "seed of the split and the record order")
     # the TF performance guide advises 100-200 MB per file
@@ -158,12 +170,13 @@ class ConvertOptions:
         if not isinstance(self.keep_size, bool):
             raise checks.bad_value("keep_size", self.keep_size, "True or False")
         checks.int_in("quality", self.quality, 1, 100)
-        for name in ("val_fraction", "test_fraction"):
-            checks.number_in(name, getattr(self, name), 0.0, 1.0, high_open=True)
-        if self.val_fraction + self.test_fraction >= 1.0:
+        if self.val_fraction is not None:  # None: decided by the source's splits
+            checks.number_in("val_fraction", self.val_fraction, 0.0, 1.0, high_open=True)
+        checks.number_in("test_fraction", self.test_fraction, 0.0, 1.0, high_open=True)
+        if (self.val_fraction or 0.0) + self.test_fraction >= 1.0:
             raise checks.bad_value(
                 "val_fraction + test_fraction",
-                self.val_fraction + self.test_fraction,
+                (self.val_fraction or 0.0) + self.test_fraction,
                 "below 1 so that every class keeps training images",
             )
         checks.int_in("seed", self.seed, 0, 2**63 - 1)
@@ -221,6 +234,22 @@ class ConvertOptions:
         column = self.weight_column
         if column is not None and (not isinstance(column, str) or not column.strip()):
             raise checks.bad_value("weight_column", column, "None or a column name")
+
+    def for_source_splits(self, splits: Collection[str]) -> ConvertOptions:
+        """These options with ``val_fraction`` decided for a source that comes with
+        ``splits`` (the split names its items carry): when unset, ``DEFAULT_VAL_FRACTION``
+        for train and test only, else 0. What a manifest stores is this decided value.
+
+        Example:
+            >>> ConvertOptions().for_source_splits({"train", "test"}).val_fraction
+            0.1
+            >>> ConvertOptions().for_source_splits(set()).val_fraction
+            0.0
+        """
+        if self.val_fraction is not None:
+            return self
+        carve = "test" in splits and "val" not in splits
+        return dataclasses.replace(self, val_fraction=DEFAULT_VAL_FRACTION if carve else 0.0)
 
     def label_rules(self) -> LabelRules:
         """How the source's labels (and weights) are read: what :func:`~chute.ingest.sources.scan`

@@ -216,6 +216,12 @@ def finished_before_scan(
     if files is None or not storage.exists(storage.join(output, manifest_lib.MANIFEST_NAME)):
         return None
     folder = read_folder(output)
+    if options.val_fraction is None and folder.manifest is not None:
+        # Unset, it is decided by the source's splits: those the finished run did not carve.
+        carved = {
+            name for name in ("val", "test") if folder.manifest.options.get(f"{name}_fraction")
+        }
+        options = options.for_source_splits(set(folder.manifest.splits) - carved)
     if folder.holds != Conversion.of(source, options.to_dict()):
         return None
     if _changes(output, [stat_row(path) for path in files]):
