@@ -65,6 +65,24 @@ def shared_dataset(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def many_shards(tmp_path_factory) -> Path:
+    """A split of more shards than a low ``RLIMIT_NOFILE`` allows open: 4 classes x 60
+    raw 8x8 grayscale images from arrays, train 192 in 96 shards of 2, val 48 in 48."""
+
+    def build(root: Path) -> None:
+        import numpy as np
+
+        import chute
+
+        rng = np.random.default_rng(0)
+        images = rng.integers(0, 255, (240, 8, 8, 1), dtype=np.uint8)
+        np.savez(root / "arrays.npz", x=images, y=np.arange(240) % 4)
+        chute.convert(root / "arrays.npz", root / "shards", val_fraction=0.2, min_shards=96)
+
+    return once_per_run(tmp_path_factory, "many-shards", build) / "shards"
+
+
+@pytest.fixture(scope="session")
 def train_data(tmp_path_factory) -> Path:
     """Converted data to train on: 3 classes x 16 random grayscale 16x16 PNGs at
     ``image_size=16``, ``val_fraction=0.25``: train 36, val 12, one raw shard each. Its

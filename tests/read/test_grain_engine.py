@@ -391,3 +391,37 @@ def test_raw_records_read_in_place_give_the_general_parses_batches(
     for (images, labels), (want_images, want_labels) in zip(fast, batches(False), strict=True):
         np.testing.assert_array_equal(images, want_images)
         np.testing.assert_array_equal(labels, want_labels)
+
+
+READ_UNDER_A_LOW_LIMIT = """
+import os, resource, sys
+import chute
+
+if __name__ == "__main__":
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), hard))
+    for workers in (0, 2):
+        train = chute.load(sys.argv[1], engine="grain", batch_size=8, seed=0, workers=workers)
+        for epoch in range(2):
+            seen = sum(len(labels) for _, labels in train)
+        print("READ", workers, seen, len(os.listdir("/proc/self/fd")), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_more_shards_than_the_descriptor_limit_are_read_in_and_out_of_workers(
+    many_shards, tmp_path
+):
+    """96 shards at ``ulimit -n 64`` (ImageNet's 1,024 at 1,024 alike): every process,
+    this one and each worker, keeps its open shards under its own limit."""
+    script = tmp_path / "low_limit.py"
+    script.write_text(READ_UNDER_A_LOW_LIMIT)
+    done = subprocess.run([sys.executable, str(script), str(many_shards), "64"],
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Too many open files" not in done.stderr
+    lines = [line.split() for line in done.stdout.splitlines() if line.startswith("READ")]
+    assert [(workers, seen) for _, workers, seen, _ in lines] == [("0", "192"), ("2", "192")]
+    assert all(int(fds) < 64 for *_, fds in lines)

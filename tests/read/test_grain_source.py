@@ -203,3 +203,49 @@ def test_importing_it_loads_neither_tensorflow_nor_grain():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_open_shards_are_bounded_whatever_the_shard_count(many_shards, monkeypatch):
+    """One descriptor per shard would run out at ImageNet's 1,024 shards and ulimit -n
+    1024: a source keeps at most max_open_files() open, the ones read longest ago closed,
+    and still reads every record, from several threads at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from chute.read.grain import source as source_lib
+
+    monkeypatch.setattr(source_lib, "max_open_files", lambda: 3)
+    source = chute.grain_source(many_shards, "train")
+    assert len(source.shard_starts) == 96
+    before = _open_descriptors()
+    expected = [record["key"] for record in all_records(many_shards, "train")]
+    with ThreadPoolExecutor(4) as pool:  # reads under way keep their file open
+        keys = list(pool.map(lambda i: source[i]["key"], range(len(source))))
+    assert keys == expected
+    assert len(source._fds) <= 3 and _open_descriptors() - before <= 3
+    source.close()
+    assert not source._fds and _open_descriptors() <= before
+
+
+def test_the_open_file_limit_follows_rlimit_nofile():
+    """A share of the process's own limit, read in the process that reads (a worker may
+    run under another limit than the process that made the source)."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    code = (
+        "import resource, sys; from chute.read.grain.source import max_open_files; "
+        "limit = int(sys.argv[1]); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit("
+        "resource.RLIMIT_NOFILE)[1])); print(max_open_files())"
+    )
+    for limit, expected in ((24, 4), (256, 32), (1024, 128)):
+        if hard != resource.RLIM_INFINITY and limit > hard:
+            continue
+        done = subprocess.run([sys.executable, "-c", code, str(limit)], capture_output=True,
+                              text=True, timeout=60, check=True)  # fmt: skip
+        assert int(done.stdout) == expected
+    assert soft > 0

@@ -23,6 +23,12 @@ says it at each epoch; a source nobody tells fetches them in manifest order once
 first read). Each process keeps the copies it reads open (which keeps them in
 the cache), at most half the cache's limit of them when the split does not fit.
 
+Open files are bounded whatever the shard count: each process keeps at most
+:func:`max_open_files` shards open (a fraction of its ``RLIMIT_NOFILE``), and closes
+the one read longest ago, with no read under way, to open another. ImageNet's 1,024
+shards read at ``ulimit -n 256`` as they do at any limit; a shard reopened costs one
+``open``, a few microseconds.
+
 Example:
     >>> import grain  # doctest: +SKIP
     >>> source = grain_source("./kn-shards", "train")  # doctest: +SKIP
@@ -57,6 +63,9 @@ log = logging.getLogger(__name__)
 _PREAD = hasattr(os, "pread")  # not on Windows
 _REMOTE_THREADS = 16  # record indexes on a bucket are read in parallel
 _OPEN_TRIES = 3  # a cached copy evicted between its download and its open: fetched again
+# Shards each source keeps open in a process: this share of the process's RLIMIT_NOFILE (the
+# rest is for TensorFlow, sockets, the other splits' sources, Grain's queues), within bounds.
+_OPEN_SHARE, _MIN_OPEN, _MAX_OPEN = 8, 4, 256
 # Every source of this process: a forked child closes their files at once, not at its first
 # read (it may never read: a copy of a shard cache entry held open keeps it from eviction).
 _sources: weakref.WeakSet[GrainSource] = weakref.WeakSet()
@@ -69,6 +78,25 @@ def _forked() -> None:
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_forked)
+
+
+def max_open_files() -> int:
+    """How many shards a source keeps open at once in this process: an eighth of the soft
+    ``RLIMIT_NOFILE`` (``ulimit -n``), at least 4 and at most 256 (what reads gain from
+    more is nothing: a reopen costs one ``open``).
+
+    Example:
+        >>> 4 <= max_open_files() <= 256
+        True
+    """
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to stay under; the C runtime's own is 512
+        return 64
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return _MAX_OPEN
+    return max(_MIN_OPEN, min(_MAX_OPEN, soft // _OPEN_SHARE))
 
 
 def grain_source(
@@ -141,7 +169,9 @@ class GrainSource:
     def _open(self) -> None:
         """Per-process state: no file open yet (opened on first use, in this process)."""
         self._pid = os.getpid()
-        self._fds: dict[int, int] = {}
+        self._max_open = max_open_files()  # this process's limit, read in this process
+        # shard -> [fd, reads under way], least recently used first (local shards)
+        self._fds: collections.OrderedDict[int, list[int]] = collections.OrderedDict()
         self._fds_lock = threading.Lock()
         self._threads = threading.local()  # remote handles, one per thread and shard
         # shard -> [fd of its cached copy, reads under way], least recently opened first
@@ -154,7 +184,7 @@ class GrainSource:
         parent's stay open), per-process state made anew."""
         if getattr(self, "_pid", None) in (None, os.getpid()):
             return
-        for fd in [*self._fds.values(), *(held[0] for held in self._held.values())]:
+        for fd, _ in [*self._fds.values(), *self._held.values()]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._open()
@@ -224,7 +254,7 @@ class GrainSource:
             if self.cache is not None and _PREAD:
                 data = self._read_cached(shard, offset, size)
             elif self._local[shard]:
-                data = os.pread(self._fd(shard), size, offset)
+                data = self._read_local(shard, offset, size)
             else:
                 handle = self._handle(shard)
                 handle.seek(offset)
@@ -267,26 +297,53 @@ class GrainSource:
             else:
                 held = self._held[shard] = [fd, 0]
             held[1] += 1
-            # Closed, so that the cache may evict them: copies read longest ago, not in use.
+            # Closed, so that the cache may evict them: copies read longest ago, not in use;
+            # and so that this process's descriptors stay bounded whatever the shard count.
             sizes = {number: self._shards[number].bytes for number in self._held}
             for number, (old, users) in list(self._held.items()):
-                if sum(sizes.values()) <= self._room:
+                if sum(sizes.values()) <= self._room and len(sizes) <= self._max_open:
                     break
                 if users == 0 and number != shard:
                     os.close(old)
                     del self._held[number], sizes[number]
         return held
 
-    def _fd(self, shard: int) -> int:
-        fd = self._fds.get(shard)
-        if fd is None:
-            # Checked again under the lock: two threads may both have missed the first look.
+    def _read_local(self, shard: int, offset: int, size: int) -> bytes:
+        """One positioned read of a local shard, its file opened if needed; the file is not
+        closed while the read is under way (another thread may want its slot)."""
+        with self._fds_lock:
+            held = self._fds.get(shard)
+            if held is not None:
+                held[1] += 1
+                self._fds.move_to_end(shard)
+        if held is None:
+            held = self._open_local(shard)
+        try:
+            return os.pread(held[0], size, offset)
+        finally:
             with self._fds_lock:
-                fd = self._fds.get(shard)
-                if fd is None:
-                    path = storage.local_path(self._paths[shard])
-                    fd = self._fds[shard] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        return fd
+                held[1] -= 1
+
+    def _open_local(self, shard: int) -> list[int]:
+        """Opens a local shard for one read, closing the files read longest ago (with no
+        read under way) beyond this process's limit."""
+        path = storage.local_path(self._paths[shard])
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        with self._fds_lock:
+            held = self._fds.get(shard)
+            if held is not None:  # another thread opened it meanwhile
+                os.close(fd)
+            else:
+                held = self._fds[shard] = [fd, 0]
+            held[1] += 1
+            self._fds.move_to_end(shard)
+            for number, (old, users) in list(self._fds.items()):
+                if len(self._fds) <= self._max_open:
+                    break
+                if users == 0:
+                    os.close(old)
+                    del self._fds[number]
+        return held
 
     def _handle(self, shard: int) -> IO[bytes]:
         handles = getattr(self._threads, "handles", None)
@@ -303,19 +360,17 @@ class GrainSource:
     def close(self) -> None:
         """Closes this process's local files (reads open them again when needed)."""
         with self._fds_lock:
-            unused = [fd for fd, users in self._held.values() if not users]
-            for fd in [*self._fds.values(), *unused]:
-                os.close(fd)
-            self._fds.clear()
-            self._held = collections.OrderedDict(
-                (shard, held) for shard, held in self._held.items() if held[1]
-            )
+            for files in (self._fds, self._held):
+                for shard, (fd, users) in list(files.items()):
+                    if not users:  # a read under way keeps its file until it is done
+                        os.close(fd)
+                        del files[shard]
 
     def __del__(self, _getpid=os.getpid, _close=os.close) -> None:
         # (os's functions bound now: at interpreter exit the module may be gone)
         # Only the process that opened them closes them; a forked child's copies are its own.
         if getattr(self, "_pid", None) == _getpid():
-            for fd in [*self._fds.values(), *(held[0] for held in self._held.values())]:
+            for fd, _ in [*self._fds.values(), *self._held.values()]:
                 _close(fd)
             self._fds.clear()
             self._held.clear()
@@ -323,7 +378,7 @@ class GrainSource:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         # Open files, a lock and thread-locals do not pickle; the receiving process opens its own.
-        for name in ("_pid", "_fds", "_fds_lock", "_threads", "_held", "_prefetching"):
+        for name in ("_pid", "_max_open", "_fds", "_fds_lock", "_threads", "_held", "_prefetching"):
             del state[name]
         return state
 
