@@ -731,6 +731,7 @@ def test_strategy_gives_a_distributed_dataset(data):
     assert ds.chute.global_batch_size == BATCH * strategy.num_replicas_in_sync == BATCH
     assert ds.chute.class_names == ("a", "b", "c")
     assert ds.chute.steps == math.ceil(6 / BATCH) and ds.chute.num_examples == 6
+    assert len(ds) == ds.chute.steps  # what the README promises of every loaded dataset
 
     @tf.function
     def step(images):
@@ -748,6 +749,73 @@ def test_strategy_gives_a_distributed_dataset(data):
     expected = data.expected("val")
     assert _multiset(got) == _multiset(expected)
     assert total == sum(int(image.astype(np.int64).sum()) for _, image in expected)
+
+
+TWO_REPLICAS_SCRIPT = """
+import json, os, sys, warnings
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+import chute
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+train = chute.load(sys.argv[1], "train", batch_size=6, strategy=strategy, seed=1)
+val = chute.load(sys.argv[1], "val", batch_size=6, training=False, strategy=strategy)
+with strategy.scope():
+    model = keras.Sequential([keras.Input((16, 16, 1)), keras.layers.Rescaling(1 / 255),
+                              keras.layers.Flatten(), keras.layers.Dense(3)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+counted = []
+steps = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: counted.append(1))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model.fit(train, validation_data=val, epochs=1, verbose=0, callbacks=[steps])
+print("CHUTE_RESULT " + json.dumps({
+    "len": [len(train), len(val)], "steps": [train.chute.steps, val.chute.steps],
+    "cardinality": [int(train.cardinality), int(val.cardinality)],
+    "distributed": isinstance(train, tf.distribute.DistributedDataset),
+    "batches": sum(1 for _ in train), "fit_steps": len(counted),
+    "warnings": [str(w.message) for w in caught if "ran out of data" in str(w.message)],
+}), flush=True)
+os._exit(0)  # the result is out: skip TensorFlow's teardown
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_len_of_a_dataset_distributed_over_two_replicas_is_its_global_steps(train_data, tmp_path):
+    """MirroredStrategy over 2 logical CPUs: 36 images at 6 per replica are 3 global steps.
+    ``len()`` says 3 (it raised TypeError), and so does ``cardinality``, which Keras's fit
+    reads: it counted the input pipeline's 6 batches and warned "Your input ran out of
+    data" after 3."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "two_replicas.py"
+    script.write_text(textwrap.dedent(TWO_REPLICAS_SCRIPT))
+    src = str(Path(chute.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "KERAS_BACKEND")}
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p),
+        CUDA_VISIBLE_DEVICES="",
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(train_data)],
+        capture_output=True, text=True, env=env, timeout=240,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("CHUTE_RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    result = json.loads(lines[0].removeprefix("CHUTE_RESULT "))
+    assert result["distributed"]
+    assert result["steps"] == [3, 1]  # train 36 / (2 x 6); val 12 / (2 x 6)
+    assert result["len"] == result["steps"] == result["cardinality"]
+    assert result["batches"] == 3
+    assert result["fit_steps"] == 3 and result["warnings"] == []
 
 
 # -- tf.function, Keras ---------------------------------------------------------------------------

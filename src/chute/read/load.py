@@ -68,7 +68,8 @@ def load(
         (``(images, labels, weights)`` with ``pad_final_batch``; images alone
         with ``label_mode=None``), with its :class:`LoadInfo` as ``ds.chute``.
         ``len(ds)`` is the exact number of batches of an epoch (unless
-        ``skip_corrupt`` or ``repeat``).
+        ``skip_corrupt`` or ``repeat``); of a distributed dataset, its global
+        batches (also its ``cardinality``, which Keras's ``fit`` counts).
 
     Raises:
         ChuteError: a bad option (named), an unknown one, a path that is not a
@@ -138,4 +139,49 @@ def _distributed(manifest, split: str, options: LoadOptions, strategy):
         steps=share.global_steps(first.steps, feeds, training=first.training),
         counters=tuple(counters for _, info in built for counters in info.counters),
     )
+    distributed.__class__ = _sized(type(distributed))
     return distributed
+
+
+_SIZED: dict[type, type] = {}
+
+
+def _sized(distributed_type: type) -> type:
+    """A subclass of the strategy's distributed dataset type that has ``len()`` and a
+    ``cardinality`` in global steps (``ds.chute.steps``), as ``len(ds)`` of a
+    ``tf.data.Dataset``.
+
+    TensorFlow's distributed datasets have no ``len()``, and their ``cardinality`` is one
+    input pipeline's batches: under MirroredStrategy each step takes a batch per
+    replica, so Keras's ``fit`` counted twice the steps over 2 replicas and warned
+    "Your input ran out of data". A subclass of the very type (not a wrapper) keeps
+    everything else as it is: iteration, ``element_spec``, and Keras's check of what
+    a ``tf.distribute`` dataset is.
+    """
+    sized = _SIZED.get(distributed_type)
+    if sized is None:
+
+        def __len__(self) -> int:
+            steps = self.cardinality
+            if steps < 0:  # -1 infinite (repeat), -2 unknown (skip_corrupt): as tf.data says
+                raise TypeError(
+                    "The dataset is infinite." if steps == -1 else "The dataset length is unknown."
+                )
+            return int(steps)
+
+        def cardinality(self):
+            local = super(sized, self).cardinality  # one input pipeline's batches
+            return local if local < 0 else type(local)(self.chute.steps)
+
+        sized = type(
+            distributed_type.__name__,
+            (distributed_type,),
+            {
+                "__len__": __len__,
+                "cardinality": property(cardinality),
+                "__module__": __name__,
+                "__doc__": _sized.__doc__,
+            },
+        )
+        _SIZED[distributed_type] = sized
+    return sized
