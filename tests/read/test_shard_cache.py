@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -621,3 +622,99 @@ def test_a_download_becomes_an_entry_under_the_space_lock(memory, tmp_path, monk
         release.set()
         download.join(10)
     assert os.path.getsize(cache.path(shard)) == shard.bytes
+
+
+def _damage_in_place(path) -> None:
+    """One byte flipped in the middle of file ``path``, in place: the same size (and inode),
+    as a bad disk block leaves it; a warm cache's size check does not see it."""
+    with open(path, "r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(size // 2)
+        byte = handle.read(1)[0]
+        handle.seek(size // 2)
+        handle.write(bytes([byte ^ 0xFF]))
+
+
+def _sha256_of(path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def test_a_cached_copy_damaged_at_its_size_is_evicted_and_fetched_again(remote, tmp_path, caplog):
+    directory = tmp_path / "c"
+    warm = GrainSource(manifest_lib.load(remote), "train", ShardCache(directory, 10**7))
+    keys = [warm[i]["key"] for i in range(len(warm))]  # every copy cached, and held open
+    shard = _shards(remote)[1]
+    copy = ShardCache(directory, 10**7).path(shard)
+    _damage_in_place(copy)
+    again = GrainSource(manifest_lib.load(remote), "train", ShardCache(directory, 10**7))
+    with caplog.at_level(logging.WARNING, logger="chute.read.cache"):
+        assert [again[i]["key"] for i in range(len(again))] == keys  # no error
+    assert [warm[i]["key"] for i in range(len(warm))] == keys  # its damaged fd let go too
+    assert sum("is damaged: deleted" in r.getMessage() for r in caplog.records) == 1
+    assert _sha256_of(copy) == shard.sha256  # the entry is a verified copy again
+
+
+def test_a_damaged_copy_of_a_damaged_object_is_one_error_naming_both(local, s3_endpoint, tmp_path):
+    """The cached copy and the bucket's object both damaged: the download is refused (its
+    sha256), and the one error names the object and the cache file."""
+    location = _copy(local, new_s3_bucket(s3_endpoint) + "/shards")
+    directory = tmp_path / "c"
+    warm = GrainSource(manifest_lib.load(location), "train", ShardCache(directory, 10**7))
+    [warm[i] for i in range(len(warm))]
+    shard = _shards(location)[1]
+    copy = ShardCache(directory, 10**7).path(shard)
+    _damage_in_place(copy)
+    data = bytearray(storage.read_bytes(f"{location}/{shard.name}"))
+    data[len(data) // 2] ^= 0xFF
+    storage.write_atomic(f"{location}/{shard.name}", bytes(data))
+    again = GrainSource(manifest_lib.load(location), "train", ShardCache(directory, 10**7))
+    with pytest.raises(ChuteError) as caught:
+        [again[i] for i in range(len(again))]
+    message = str(caught.value)
+    assert f"{location}/{shard.name}" in message and copy in message
+    assert "is damaged in the shard cache's copy" in message and "chute verify" in message
+
+
+def test_a_fresh_copy_that_is_damaged_too_is_one_error_naming_both(local, s3_endpoint, tmp_path):
+    """A dataset written damaged (its manifest's sha256 is the damaged file's): the copy
+    is fetched again once, then one error names the object and the cache file."""
+    location = _copy(local, new_s3_bucket(s3_endpoint) + "/shards")
+    shard = _shards(location)[1]
+    data = bytearray(storage.read_bytes(f"{location}/{shard.name}"))
+    data[len(data) // 2] ^= 0xFF
+    storage.write_atomic(f"{location}/{shard.name}", bytes(data))
+    body = json.loads(storage.read_bytes(f"{location}/manifest.json"))
+    body["splits"]["train"]["shards"][1]["sha256"] = hashlib.sha256(data).hexdigest()
+    storage.write_atomic(f"{location}/manifest.json", json.dumps(body).encode())
+    source = GrainSource(manifest_lib.load(location), "train", ShardCache(tmp_path / "c", 10**7))
+    with pytest.raises(ChuteError) as caught:
+        [source[i] for i in range(len(source))]
+    message = str(caught.value)
+    copy = os.path.join(tmp_path / "c", hashlib.sha256(data).hexdigest())
+    assert f"{location}/{shard.name}" in message and copy in message
+    assert "again in a fresh download" in message and f"chute verify {location}" in message
+
+
+def test_verify_with_cache_dir_hashes_the_cached_copies_and_deletes_the_damaged(remote, tmp_path):
+    from helpers import run_here
+
+    directory = tmp_path / "c"
+    warm = GrainSource(manifest_lib.load(remote), "train", ShardCache(directory, 10**7))
+    [warm[i] for i in range(len(warm))]
+    del warm
+    shard = _shards(remote)[2]
+    copy = ShardCache(directory, 10**7).path(shard)
+    _damage_in_place(copy)
+    report = chute.verify(remote, cache_dir=directory)
+    assert report.ok and report.evicted == [(shard.name, copy)]
+    assert report.cached_copies == len(_entries(directory)) + 1  # the damaged one is gone
+    assert not os.path.exists(copy)
+    cache_lib.ShardCache(directory, 10**7).local(remote, shard)
+    _damage_in_place(copy)
+    done = run_here("verify", remote, "--cache-dir", directory)
+    assert done.returncode == 0, done.stderr
+    assert "1 damaged" in done.stdout and f"DAMAGED copy of {shard.name}: {copy}" in done.stdout
+    assert not os.path.exists(copy)
+    again = run_here("verify", remote, "--cache-dir", directory)
+    assert "0 damaged" in again.stdout and "ok:" in again.stdout

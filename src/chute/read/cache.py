@@ -23,7 +23,10 @@ checks each entry's size against the manifest, not its bytes again: hashing a 10
 cache at every start would read the whole disk, and a file that gets its name only
 after its hash matched cannot be a partial one (a truncated one fails the size check).
 A download whose bytes differ from the manifest is fetched once more, then a ChuteError
-names the shard, the URL and both checksums.
+names the shard, the URL and both checksums. A copy damaged later at its size (a bad disk
+block, a file altered in place) is found by its reader, a record whose length or CRC is
+wrong: the reader evicts it (:meth:`ShardCache.evict`) and reads a fresh download once;
+``chute verify --cache-dir`` hashes the copies a cache holds (:func:`check_copies`).
 
 Locks are ``fcntl.flock``: the kernel drops them when a process dies, so none is ever
 left held. A forked child would share the open files its parent locks through (and keep
@@ -308,6 +311,33 @@ class ShardCache:
             raise errors[0]
         return [future.result() for future in futures]
 
+    def evict(self, location: str, shard: Shard, fd: int | None = None) -> bool:
+        """Deletes the cached copy of ``shard``, found damaged by a reader (a record whose
+        length or CRC is wrong in it: a copy altered at its size, which a warm cache's
+        size check cannot see), even while other readers hold it (they read the same
+        damage): the next :meth:`open` fetches it again. With ``fd``, the reader's
+        descriptor of the copy, only while the entry is still that file (another reader
+        may have fetched it again already). True when it was deleted.
+
+        Example:
+            >>> fd = cache.open(location, shard)  # doctest: +SKIP
+            >>> cache.evict(location, shard, fd)  # a CRC failure read through fd  # doctest: +SKIP
+            True
+        """
+        if os.getpid() != self._pid:  # forked: per-process state of its own
+            self._start()
+        path = self.path(shard)
+        if not _delete_damaged(self.directory, shard.sha256, fd):
+            return False
+        self._touched.pop(shard.sha256, None)
+        log.warning(
+            "shard cache: the copy of %s of %r in %s is damaged: deleted, to be fetched again",
+            shard.name,
+            location,
+            path,
+        )
+        return True
+
     def prefetch(self, location: str, shards: Sequence[Shard]) -> None:
         """Downloads ``shards`` ahead, in this order, on background threads, as far as
         the limit allows (a shard is fetched once room for it can be made without
@@ -513,6 +543,62 @@ class ShardCache:
             self._touched[sha256] = now
             with contextlib.suppress(OSError):  # evicted meanwhile by another process
                 os.utime(path)
+
+
+def check_copies(
+    directory: str | os.PathLike, location: str, shards: Sequence[Shard]
+) -> tuple[int, list[tuple[str, str]]]:
+    """The copies of ``shards`` and their record indexes that the shard cache in
+    ``directory`` holds, hashed: a warm cache is trusted by its sizes (see the module
+    docstring), so this is where a copy damaged since its download is found. Each copy
+    whose sha256 differs from the manifest's is deleted (a read fetches it again).
+
+    Returns:
+        ``(copies checked, [(what, its cache file), ...] of the damaged ones, deleted)``.
+
+    Example:
+        >>> check_copies("~/.cache/chute/shards", location, shards)  # doctest: +SKIP
+        (8, [('train-00001-of-00004.tfrecord', '/home/me/.cache/chute/shards/3f1c...')])
+    """
+    directory = os.path.abspath(os.path.expanduser(os.fspath(directory)))
+    entries = [_shard_entry(location, shard) for shard in shards]
+    entries += [_index_entry(location, shard) for shard in shards if shard.index is not None]
+    checked, damaged = 0, []
+    for entry in {entry.sha256: entry for entry in entries}.values():  # content-addressed
+        path = os.path.join(directory, entry.sha256)
+        try:
+            with open(path, "rb") as handle:
+                digest, size = hashlib.sha256(), 0
+                while block := handle.read(_BLOCK):
+                    digest.update(block)
+                    size += len(block)
+                if (digest.hexdigest(), size) == (entry.sha256, entry.size):
+                    checked += 1
+                    continue
+                deleted = _delete_damaged(directory, entry.sha256, handle.fileno())
+        except FileNotFoundError:  # not cached (or evicted meanwhile): nothing to check
+            continue
+        checked += 1
+        if deleted:
+            log.info("shard cache: the copy of %s in %s is damaged: deleted", entry.name, path)
+            damaged.append((entry.name, path))
+    return checked, damaged
+
+
+def _delete_damaged(directory: str, sha256: str, fd: int | None) -> bool:
+    """Deletes the entry ``sha256`` (a damaged copy) under its lock, so that no download
+    renames a fresh copy into its place meanwhile, whether readers hold it or not; with
+    ``fd``, only while the entry is still the file ``fd`` reads. True if deleted."""
+    path = os.path.join(directory, sha256)
+    os.makedirs(os.path.join(directory, "locks"), exist_ok=True)
+    with _locked(os.path.join(directory, "locks", sha256)):
+        if fd is not None and not _same_file(fd, path):
+            return False
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            return False
+    return True
 
 
 def _shard_entry(location: str, shard: Shard) -> _Entry:

@@ -39,6 +39,7 @@ from chute.format import parse, records, storage
 from chute.format.splits import Shard
 from chute.image import crop
 from chute.lazy import installed, tf
+from chute.read import cache as shard_cache
 
 log = logging.getLogger(__name__)
 _READ_BLOCK = 8 << 20
@@ -57,6 +58,10 @@ class VerifyReport:
         old_layout_indexes: of those, the indexes found beside their shard (an older
             chute's layout, read by shard globs: ``chute index`` moves them).
         problems: ``(shard file, what is wrong)`` pairs; empty when all is well.
+        cache_dir: the shard cache whose copies were checked too (``cache_dir=``), or None.
+        cached_copies: of the dataset's shards and record indexes, the copies found there.
+        evicted: ``(file, its copy in the cache)`` of the cached copies that differed from
+            the manifest, each deleted (a read fetches it again): not a problem of the dataset.
     """
 
     location: str
@@ -65,6 +70,9 @@ class VerifyReport:
     num_indexes: int = 0
     old_layout_indexes: int = 0
     problems: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    cache_dir: str | None = None
+    cached_copies: int = 0
+    evicted: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -76,6 +84,7 @@ def verify(
     path: str | os.PathLike | manifest_lib.Manifest,
     *,
     progress: Callable[[str, int, int], None] | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> VerifyReport:
     """Re-reads every shard of a converted dataset and checks it against its manifest.
 
@@ -83,6 +92,9 @@ def verify(
         path: the converted directory (local, ``gs://``, ``ram://``), its
             ``manifest.json``, or the ``Manifest`` read from it.
         progress: called as ``progress("verify", shards_done, shards_total)``.
+        cache_dir: a shard cache (``chute.load``'s ``cache_dir``) whose copies of this
+            dataset's files are hashed too: a warm cache trusts its copies' sizes, so a
+            copy damaged at its size is found here, and deleted (a read fetches it again).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is False when any shard is bad,
@@ -126,6 +138,11 @@ def verify(
             report.problems.append(
                 (f"{name} split", "per-class counts differ from what its shards hold")
             )
+    if cache_dir is not None:
+        shards = [shard for split in manifest.splits.values() for shard in split.shards]
+        report.cache_dir = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+        found = shard_cache.check_copies(report.cache_dir, manifest.location, shards)
+        report.cached_copies, report.evicted = found
     return report
 
 

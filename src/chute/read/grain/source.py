@@ -241,11 +241,57 @@ class GrainSource:
         try:
             return parse_record(parse.unframe(framed))
         except ChuteError as error:
+            if self.cache is not None and _PREAD:  # a damaged cached copy: fetched again once
+                return self._refetched(number, shard, offset, size, parse_record, error)
             raise ChuteError(
                 f"Record {number} of the {self.split} split of {self.location!r} (in "
                 f"{storage.basename(self._paths[shard])} at byte {offset}) is damaged: {error}. "
                 f"Check the dataset with `chute verify {self.location}`"
             ) from None
+
+    def _refetched(
+        self, number: int, shard: int, offset: int, size: int, parse_record: Any, damage: Exception
+    ) -> Any:
+        """Record ``number`` read from a fresh download of its shard: its cached copy is
+        damaged (``damage``: a length or CRC wrong, which a warm cache's size check cannot
+        see). The copy is evicted (see :meth:`ShardCache.evict`), this process's descriptor
+        of it closed (left to a read under way through it, which meets the same fate), and
+        the record read once from a new download. A fresh copy that fails too, or a
+        download that does, is one error naming the object and the cache file."""
+        entry, url = self._shards[shard], self._paths[shard]
+        cached = self.cache.path(entry)
+        where = f"Record {number} of the {self.split} split of {self.location!r}"
+        where += f" (in {entry.name} at byte {offset})"
+        with self._fds_lock:
+            held = self._held.get(shard)
+            if held is not None:
+                held[1] += 1  # not closed before the cache has compared it with its entry
+        try:
+            self.cache.evict(self.location, entry, None if held is None else held[0])
+        finally:
+            if held is not None:
+                with self._fds_lock:
+                    held[1] -= 1
+                    if not held[1] and self._held.get(shard) is held:
+                        del self._held[shard]
+                        os.close(held[0])
+        try:
+            fd = self.cache.open(self.location, entry)
+        except ChuteError as error:
+            raise ChuteError(
+                f"{where} is damaged in the shard cache's copy {cached} ({damage}); fetching "
+                f"it again from {url} failed: {error}"
+            ) from None
+        try:
+            return parse_record(parse.unframe(os.pread(fd, size, offset)))
+        except ChuteError as error:
+            raise ChuteError(
+                f"{where} is damaged: {error}, in the shard cache's copy {cached} and again in "
+                f"a fresh download of {url}. Check the dataset with `chute verify "
+                f"{self.location}`"
+            ) from None
+        finally:
+            os.close(fd)
 
     def _read(self, shard: int, offset: int, size: int) -> bytes:
         if os.getpid() != self._pid:  # a forked process: files of its own, not its parent's
