@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from typing import Any
 
 from chute.format import storage
 from chute.format.bundle import META_NAME, RUN_SUBDIR
+
+log = logging.getLogger(__name__)
 
 # what a run writes: replaced by --overwrite (nothing else in the folder is touched)
 STARTED = "started.json"  # what the backup depends on (see prepare)
@@ -86,8 +89,9 @@ def prepare(
     """Creates the run folder of this process; refuses a finished run unless ``overwrite``.
 
     An interrupted run (its backup) is resumed when ``started`` (what the backup depends
-    on: model, input, classes, backend...) is what it was started with; other options
-    are refused unless ``overwrite``, which starts afresh. ``started`` is recorded.
+    on: model, input, classes, backend, the dataset's fingerprints...) is what it was
+    started with; other options or data are refused unless ``overwrite``, which starts
+    afresh. ``started`` is recorded.
 
     Raises:
         ChuteError: ``run_dir`` holds a finished run, or an interrupted one started with
@@ -106,30 +110,38 @@ def prepare(
     run = RunDir(path, resumed=storage.exists(storage.join(path, "backup")))
     if started is None:
         return run
-    if run.resumed:
-        differences = _differences(run, started)
-        if differences:
-            holds = (
-                f"an interrupted run started with other options ({differences}; the "
-                "command it was started with resumes it)"
-            )
-            storage.replace_or_refuse(
-                path, "run_dir", holds=holds, overwrite=overwrite, entries=_ENTRIES
-            )
-            run = RunDir(path, resumed=False)
+    if run.resumed and (differences := _differences(run, started)):
+        # A changed dataset: the backup's position is in an order that no longer exists.
+        on_data = ", on the dataset it was started with" if "data" in differences else ""
+        holds = (
+            f"an interrupted run started with other options ({'; '.join(differences.values())}"
+            f"; the command it was started with resumes it{on_data})"
+        )
+        storage.replace_or_refuse(
+            path, "run_dir", holds=holds, overwrite=overwrite, entries=_ENTRIES
+        )
+        run = RunDir(path, resumed=False)
     # Recorded only for a fresh start: a resumed run keeps what it was started with.
     if not run.resumed:
         run.write_json(STARTED, started)
     return run
 
 
-def _differences(run: RunDir, started: dict[str, Any]) -> str:
-    """What differs between the options a run was started with and ``started``
-    (``""``: nothing, or a run from before chute recorded them)."""
+def _differences(run: RunDir, started: dict[str, Any]) -> dict[str, str]:
+    """What differs between the options a run was started with and ``started``, each
+    said (``{}``: nothing, or a run from before chute recorded them; what an older chute
+    did not record is not checked, and said in the log)."""
     path = run.join(STARTED)
     if not storage.exists(path):
-        return ""
+        return {}
     before = json.loads(storage.read_bytes(path))
+    unrecorded = [key for key in started if key not in before]
+    if unrecorded:
+        log.info(
+            "resuming %s without checking %s: an older chute started it and did not record it",
+            run.path,
+            ", ".join(unrecorded),
+        )
     # Backups that count examples resume on another per-replica batch (chute.fit.position).
     elastic = before.get("position") == started.get("position") == "examples"
     changed = [
@@ -137,4 +149,28 @@ def _differences(run: RunDir, started: dict[str, Any]) -> str:
         for key in started
         if key in before and before[key] != started[key] and not (elastic and key == "batch_size")
     ]
-    return "; ".join(f"{key}: {before[key]!r} then, {started[key]!r} now" for key in changed)
+    return {key: _said(key, before[key], started[key]) for key in changed}
+
+
+def _said(key: str, then: Any, now: Any) -> str:
+    """One difference in words; the dataset's (``data``: per split, its examples, shards
+    and fingerprint, see :meth:`chute.format.splits.Split.fingerprint`) split by split."""
+    if key != "data" or not (isinstance(then, dict) and isinstance(now, dict)):
+        return f"{key}: {then!r} then, {now!r} now"
+    said = []
+    for split in sorted(set(then) | set(now)):
+        old, new = then.get(split), now.get(split)
+        if old == new:
+            continue
+        if old is None or new is None:
+            said.append(f"a {split} split {'then, none now' if new is None else 'now, none then'}")
+            continue
+        counts = f"{old.get('examples')} examples in {old.get('shards')} shard(s) then, "
+        counts += f"{new.get('examples')} in {new.get('shards')} now"
+        if (old.get("examples"), old.get("shards")) == (new.get("examples"), new.get("shards")):
+            counts = f"as many examples ({new.get('examples')}), other records"
+        said.append(
+            f"the {split} split: {counts} (fingerprint {old.get('fingerprint')} then, "
+            f"{new.get('fingerprint')} now)"
+        )
+    return "the dataset changed: " + "; ".join(said)
