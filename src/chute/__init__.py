@@ -54,7 +54,7 @@ _EXPORTS = {
     "make_sample_folder": "chute.tools.samples",
     "load": "chute.read.load",
     "LoadOptions": "chute.read.options",
-    "auto_strategy": "chute.fit.strategy",
+    "auto_strategy": "chute.fit.backend",
     "build_model": "chute.fit.models",
     "available_models": "chute.fit.models",
     "train": "chute.fit.train",
@@ -109,13 +109,13 @@ __all__ = [
 
 if TYPE_CHECKING:
     from chute.errors import ChuteError
+    from chute.fit.backend import auto_strategy
     from chute.fit.config import TrainConfig
     from chute.fit.evaluate import evaluate
     from chute.fit.evaluate_labels import MultiLabelReport
     from chute.fit.export import export
     from chute.fit.models import available_models, build_model
     from chute.fit.predict import predict
-    from chute.fit.strategy import auto_strategy
     from chute.fit.train import TrainResult, train
     from chute.format.bundle import Bundle, load_bundle
     from chute.format.manifest import Manifest

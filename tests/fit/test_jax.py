@@ -324,6 +324,69 @@ def test_jax_trains_a_multi_label_dataset(jax_runs):
     assert 0 <= found["result"]["best_val_map"] <= 1 and found["predictions"] == 3
 
 
+OWN_MODEL_SCRIPT = """
+import json, os, sys, warnings
+import chute
+
+strategy = chute.auto_strategy()  # the README's own-model code, unchanged, on JAX
+import jax, keras
+
+with strategy.scope():
+    model = keras.Sequential([keras.Input((16, 16, 1)), keras.layers.Rescaling(1 / 255),
+                              keras.layers.Flatten(), keras.layers.Dense(3)])
+    model.compile("sgd", "sparse_categorical_crossentropy")
+train = chute.load(sys.argv[1], "train", batch_size=3, strategy=strategy, seed=1)
+counted = []
+steps = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: counted.append(1))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model.fit(train, epochs=1, verbose=0, callbacks=[steps])
+print("CHUTE_RESULT " + json.dumps({
+    "type": type(strategy).__name__, "module": type(strategy).__module__,
+    "set": keras.distribution.distribution() is strategy,
+    "devices": int(strategy.device_mesh.devices.size), "jax_devices": len(jax.devices()),
+    "kernel_devices": len(model.layers[-1].kernel.value.sharding.device_set),
+    "batch": int(train.element_spec[0].shape[0]), "len": len(train),
+    "global_batch": train.chute.global_batch_size, "fit_steps": len(counted),
+    "ran_out": [str(w.message) for w in caught if "ran out of data" in str(w.message)],
+}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_auto_strategy_on_jax_is_a_keras_data_parallel_over_every_device(tmp_path):
+    """Under KERAS_BACKEND=jax, chute.auto_strategy() gave a TensorFlow OneDeviceStrategy
+    (on a TPU VM, TensorFlow would take the chips from JAX): now a DataParallel over both
+    devices, set as Keras's distribution, whose scope builds the model and which
+    chute.load takes (3 per device: batches of 6, 36 images: 6 steps)."""
+    script = tmp_path / "own_model.py"
+    script.write_text(OWN_MODEL_SCRIPT)
+    data = tmp_path / "shards"
+    write_banded(tmp_path / "src", per_class=12)  # 3 classes x 12 16x16 images
+    chute.convert(tmp_path / "src", data, image_size=16, val_fraction=0, workers=1)
+    cache = tmp_path / "jax-cache"
+    two = jax_child_env(cache, 2)["XLA_FLAGS"]  # 2 CPU devices
+    stdout, _ = _run(
+        [sys.executable, str(script), str(data)], tmp_path / "logs", env=_env(cache, XLA_FLAGS=two)
+    )
+    line = next(line for line in stdout.splitlines() if line.startswith("CHUTE_RESULT "))
+    found = json.loads(line.removeprefix("CHUTE_RESULT "))
+    assert (found["module"].split(".")[0], found["type"]) == ("keras", "DataParallel")
+    assert found["set"] and found["devices"] == found["jax_devices"] == 2
+    assert found["kernel_devices"] == 2  # built under its scope: on both devices
+    assert found["batch"] == 6 and found["global_batch"] == 6 and found["len"] == 6
+    assert found["fit_steps"] == 6 and found["ran_out"] == []
+
+
+def test_auto_strategy_on_torch_is_refused_with_the_way_out(monkeypatch):
+    monkeypatch.setattr(backend_lib, "configured", lambda: "torch")
+    with pytest.raises(ChuteError) as error:
+        chute.auto_strategy()
+    message = str(error.value)
+    assert "KERAS_BACKEND='torch'" in message and "without a strategy" in message
+
+
 def test_a_backend_other_than_the_running_one_is_refused(learnable, tmp_path):
     import keras
 

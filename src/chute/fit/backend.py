@@ -29,12 +29,13 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 from chute import checks
 from chute.errors import ChuteError
 from chute.fit import strategy as strategy_lib
 from chute.fit.devices import Devices
-from chute.lazy import TENSORFLOW_BUILDS, keras, tf
+from chute.lazy import TENSORFLOW_BUILDS, installed, keras, tf
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,60 @@ def keep_tensorflow_off_accelerators() -> None:
         except ValueError:  # this TensorFlow has no such device type
             continue
     log.info("input pipeline: TensorFlow on the CPU only (GPUs and TPUs hidden from it)")
+
+
+def auto_strategy(kind: str = "auto", *, tpu: str | None = None) -> Any:
+    """What a Keras model trains under on this machine, for the backend Keras runs.
+
+    TensorFlow: the best ``tf.distribute`` strategy (:mod:`chute.fit.strategy`): a
+    TPU, all GPUs, several workers, or the CPU. JAX: a
+    ``keras.distribution.DataParallel`` over every device (TPU chips, else GPUs, else
+    the CPU devices; every process's with several), already set as Keras's
+    distribution (``keras.distribution.set_distribution``), since Keras's ``fit``
+    distributes the batches only under the distribution set; TensorFlow, which reads the
+    input, is first kept off the accelerators, so it never brings up a TPU JAX needs.
+    Either way ``with strategy.scope():`` builds the model on the devices, and
+    ``chute.load(..., strategy=strategy)`` reads batches for them. What was found is
+    logged.
+
+    Args:
+        kind: ``"auto"``, or insist on ``"tpu"``, ``"gpu"``, ``"cpu"`` or
+            ``"multiworker"`` (TensorFlow only).
+        tpu: a TPU name or ``grpc://`` address (TensorFlow only; default: from the
+            environment).
+
+    Returns:
+        A ``tf.distribute.TPUStrategy``, ``MultiWorkerMirroredStrategy``,
+        ``MirroredStrategy`` (several GPUs) or ``OneDeviceStrategy`` (one GPU, the
+        CPU); on JAX a ``keras.distribution.DataParallel``.
+
+    Raises:
+        ChuteError: on torch (one device, no strategy: build the model without one), or
+            a kind that is not there.
+
+    Example:
+        >>> strategy = auto_strategy()  # doctest: +SKIP
+        >>> with strategy.scope():  # doctest: +SKIP
+        ...     model = make_model()
+    """
+    checks.one_of("strategy", kind, strategy_lib.KINDS)
+    name = configured()
+    if name == "tensorflow":
+        return strategy_lib.tensorflow_devices(kind, tpu=tpu).strategy
+    if name != "jax":
+        raise ChuteError(
+            f"chute.auto_strategy() gives a tf.distribute strategy (TensorFlow) or a "
+            f"keras.distribution (JAX); Keras runs on {name!r}, which trains on one device "
+            f"without either. Received: KERAS_BACKEND={name!r}; build and fit the model "
+            "without a strategy, or set KERAS_BACKEND=jax (or tensorflow) before Keras is "
+            "imported to use every device"
+        )
+    # Before TensorFlow runs anything: on a TPU VM it would otherwise take the chips.
+    if installed("tensorflow"):
+        keep_tensorflow_off_accelerators()
+    distribution = devices("jax", kind, tpu=tpu).distribution
+    keras.distribution.set_distribution(distribution)
+    return distribution
 
 
 def devices(backend: str, kind: str = "auto", *, tpu: str | None = None) -> Devices:

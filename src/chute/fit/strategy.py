@@ -285,27 +285,6 @@ def make_strategy(plan: Plan) -> Any:
     return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
-def auto_strategy(kind: str = "auto", *, tpu: str | None = None) -> Any:
-    """The best ``tf.distribute`` strategy for this machine (see the module docstring).
-
-    What was found (kind, replicas, devices) is logged. The strategy is TensorFlow's
-    own, nothing set on it; :func:`tensorflow_devices` also says which kind it is and
-    how its input is read (a :class:`~chute.fit.devices.Devices`).
-
-    Args:
-        kind: ``"auto"``, or insist on ``"tpu"``, ``"gpu"``, ``"cpu"`` or ``"multiworker"``.
-        tpu: a TPU name or ``grpc://`` address (default: from the environment).
-
-    Returns:
-        A ``tf.distribute.TPUStrategy``, ``MultiWorkerMirroredStrategy``,
-        ``MirroredStrategy`` (several GPUs) or ``OneDeviceStrategy`` (one GPU, the CPU).
-
-    Example:
-        >>> strategy = auto_strategy("cpu")  # doctest: +SKIP
-    """
-    return tensorflow_devices(kind, tpu=tpu).strategy
-
-
 def tensorflow_devices(kind: str = "auto", *, tpu: str | None = None) -> Devices:
     """The :class:`~chute.fit.devices.Devices` of the best strategy for this machine:
     :func:`detect`, then :func:`make_strategy`, then :func:`devices_of`."""

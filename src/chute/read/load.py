@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
-from chute.lazy import TENSORFLOW_BUILDS, installed
+from chute.lazy import TENSORFLOW_BUILDS, installed, tf
 from chute.read import cache as shard_cache
 from chute.read import share
 from chute.read.engine import Engine, LoadInfo, info_of
@@ -59,7 +60,10 @@ def load(
         input_context: a ``tf.distribute.InputContext``: read this input
             pipeline's part (by shard when there are enough shards, else by record).
         strategy: a ``tf.distribute.Strategy``: return
-            ``strategy.distribute_datasets_from_function`` over this function.
+            ``strategy.distribute_datasets_from_function`` over this function; or a
+            ``keras.distribution.DataParallel`` (JAX, what ``chute.auto_strategy()``
+            gives there): batches of ``batch_size`` per device for this process's
+            devices, which Keras's ``fit`` lays out over them.
         **overrides: ``LoadOptions`` fields replacing those of ``options``
             (``batch_size=256``, ``augment="crop,flip"``, ``cache=None``, ...).
 
@@ -89,6 +93,8 @@ def load(
     manifest = manifest_lib.load(path)
     _check_engine_reaches(manifest.location, options)
     engine = engine_named(options.engine)
+    if _keras_distribution(strategy):
+        return _data_parallel(manifest, split, options, strategy)
     if strategy is not None and options.engine == "tf":
         return _distributed(manifest, split, options, strategy)
     plan = engine.plan(manifest, split, options, input_context=input_context, strategy=strategy)
@@ -141,6 +147,42 @@ def _distributed(manifest, split: str, options: LoadOptions, strategy):
     )
     distributed.__class__ = _sized(type(distributed))
     return distributed
+
+
+def _keras_distribution(strategy: Any) -> bool:
+    """Whether ``strategy`` is a ``keras.distribution.DataParallel`` (Keras imported: a
+    user holding one has imported it)."""
+    keras = sys.modules.get("keras")
+    return keras is not None and isinstance(strategy, keras.distribution.DataParallel)
+
+
+def _data_parallel(manifest, split: str, options: LoadOptions, distribution):
+    """Under Keras's ``DataParallel`` (JAX): one pipeline per process, of the batches of
+    its devices; ``batch_size`` is per device, as under a ``tf.distribute`` strategy."""
+    import jax
+
+    replicas = int(distribution.device_mesh.devices.size)
+    processes = jax.process_count()
+    context = None
+    if processes > 1 and not getattr(distribution, "auto_shard_dataset", True):
+        # Each process feeds its own devices; Keras assembles the global batch.
+        context = tf.distribute.InputContext(
+            num_input_pipelines=processes,
+            input_pipeline_id=jax.process_index(),
+            num_replicas_in_sync=processes,
+        )
+        feeds = replicas // processes
+    else:
+        feeds = replicas  # global batches: Keras splits each (and shards them by process)
+    dataset = load(
+        manifest, split, options, input_context=context, batch_size=options.batch_size * feeds
+    )
+    dataset.chute = dataclasses.replace(
+        dataset.chute,
+        per_replica_batch_size=options.batch_size,
+        global_batch_size=options.batch_size * replicas,
+    )
+    return dataset
 
 
 _SIZED: dict[type, type] = {}
