@@ -3,8 +3,10 @@ evaluation pixels as the tf.data engine, class-balanced draws, and exact mid-epo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -194,24 +196,46 @@ def test_training_validates_with_threads_on_the_grain_engine(shards):
         assert inputs.val_steps == len(inputs.val) == -(-30 // 32) and asked.repeat is True
 
 
-def _shared_memory() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+# Loaded by every process of a child (its spawned workers too, through PYTHONPATH): the
+# names of the shared-memory blocks each makes or opens, one a line.
+LOG_SHARED_MEMORY = """
+import os
+from multiprocessing import shared_memory
+
+_init = shared_memory.SharedMemory.__init__
 
 
-def _left_in_shared_memory(before: set[str]) -> set[str]:
-    """What is in /dev/shm and not ``before``, once other processes' passing blocks (tests
-    on other workers) and the resource tracker's late cleaning have had a few seconds."""
-    for _ in range(50):
-        new = _shared_memory() - before
-        if not new:
-            break
-        time.sleep(0.1)
-    return new
+def _logged(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    with open(os.environ["CHUTE_TEST_SHM_LOG"], "a") as log:
+        log.write(self.name.lstrip("/") + "\\n")
+
+
+shared_memory.SharedMemory.__init__ = _logged
+"""
+
+
+def _run_logging_shared_memory(args: list[str], tmp_path: Path):
+    """``python ARGS`` with every process's shared-memory blocks logged: (the finished
+    process, the blocks it made or opened that are still there now that it has exited)."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(LOG_SHARED_MEMORY)
+    log = tmp_path / "shm.log"
+    log.unlink(missing_ok=True)
+    path = os.pathsep.join([str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "CHUTE_TEST_SHM_LOG": str(log)}
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path, env=env)  # fmt: skip
+    # Looked at as soon as the process (and its resource tracker: stderr's other end) is
+    # gone: what it left is there now, whatever the load, and nobody else's counts.
+    names = set(log.read_text().split()) if log.exists() else set()
+    return done, {name for name in names if os.path.exists(f"/dev/shm/{name}")}, names
 
 
 READ_WITH_THE_DEFAULTS = """
 import chute
-train = chute.load({shards!r}, engine="grain", batch_size=8, seed=1)
+train = chute.load({shards!r}, engine="grain", batch_size=8, seed=1{options})
 for images, labels in train:  # a top-level loop leaves its last batch in globals
     pass
 iterator = iter(train)  # and an iterator open at exit
@@ -222,23 +246,25 @@ print("WORKERS", train.workers)
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="shared memory seen in /dev/shm")
 def test_a_plain_script_and_python_c_read_with_the_defaults_and_exit_quietly(shards, tmp_path):
     """No ``if __name__ == "__main__":`` (every Keras tutorial): worker processes, which
     spawn runs the script again in, would die bootstrapping; with ``python -c`` they
-    start. Either way: rc 0, no tracebacks at exit, no shared memory left behind."""
-    code = READ_WITH_THE_DEFAULTS.format(shards=str(shards))
+    start (also with a shard-block shuffle). Either way: rc 0, no tracebacks at exit, and
+    none of the shared memory it used left behind the moment it has exited."""
     script = tmp_path / "tutorial.py"
-    script.write_text(code)
-    before = _shared_memory()
-    for args, processes in (([str(script)], False), (["-c", code], True)):
-        done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                              timeout=240, cwd=tmp_path)  # fmt: skip
+    script.write_text(READ_WITH_THE_DEFAULTS.format(shards=str(shards), options=""))
+    blocks = READ_WITH_THE_DEFAULTS.format(shards=str(shards), options=", shard_window=3")
+    runs = [([str(script)], False), (["-c", blocks], True)]
+    for args, processes in runs:
+        done, left, used = _run_logging_shared_memory(args, tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         for noise in ("Traceback", "Exception ignored", "leaked", "bootstrapping"):
             assert noise not in done.stderr, done.stderr[-3000:]
         workers = int(done.stdout.split("WORKERS")[-1])
         assert (workers > 0) == processes, done.stdout
-        assert not _left_in_shared_memory(before)
+        assert bool(used) == processes  # the workers' batches came through shared memory
+        assert not left, f"{len(left)} of {len(used)} blocks left in /dev/shm"
 
 
 def test_worker_processes_asked_for_from_an_unguarded_script_are_refused_by_name(shards, tmp_path):
@@ -425,3 +451,97 @@ def test_more_shards_than_the_descriptor_limit_are_read_in_and_out_of_workers(
     lines = [line.split() for line in done.stdout.splitlines() if line.startswith("READ")]
     assert [(workers, seen) for _, workers, seen, _ in lines] == [("0", "192"), ("2", "192")]
     assert all(int(fds) < 64 for *_, fds in lines)
+
+
+def test_epochs_read_on_from_one_iterator_and_a_part_read_epoch_is_read_again(shards):
+    """Keras reads two batches to learn the shapes, then an epoch per iter(): the epoch
+    left part-way is read again whole, from the same iterator (no new workers), and each
+    epoch read to its end moves the next iter() on."""
+    import itertools
+
+    train = chute.load(shards, engine="grain", batch_size=8, seed=3, workers=0)
+    fresh = chute.load(shards, engine="grain", batch_size=8, seed=3, workers=0)
+    expected = [list(iter(fresh)) for _ in range(2)]
+    peeked = list(itertools.islice(iter(train), 2))
+    reader = train._reader.iterator
+    epochs = [list(iter(train)) for _ in range(2)]
+    assert train._reader.iterator is reader and train.epoch == 2
+    for got, want in zip([peeked, *epochs], [expected[0][:2], *expected], strict=True):
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a[0], b[0])
+    val = chute.load(shards, "val", engine="grain", batch_size=8, workers=0)
+    passes = [np.concatenate([b[1] for b in val]) for _ in range(3)]
+    assert val._reader.iterator is not None and val.epoch == 3
+    for labels in passes[1:]:
+        np.testing.assert_array_equal(labels, passes[0])
+    train.close()
+    assert train._reader is None
+
+
+FIT_WITH_WORKERS = """
+import os, sys, warnings
+import chute, keras
+
+class Workers(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        children = sorted(int(p) for p in os.popen(f"pgrep -P {os.getpid()}").read().split())
+        print("EPOCH", epoch, *children, flush=True)
+
+if __name__ == "__main__":
+    warnings.simplefilter("always")
+    train = chute.load(sys.argv[1], engine="grain", batch_size=16, seed=0, workers=2)
+    val = chute.load(sys.argv[1], "val", engine="grain", batch_size=16, workers=2)
+    model = keras.Sequential([keras.Input((24, 32, 3)), keras.layers.Rescaling(1 / 255),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(train, validation_data=val, epochs=3, verbose=0, callbacks=[Workers()])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("pgrep") is None, reason="lists worker processes with pgrep")
+def test_a_users_fit_keeps_its_workers_across_epochs_and_validation(shards, tmp_path):
+    """A user's own ``model.fit(train, validation_data=val, epochs=3)``: the worker
+    processes of both datasets start once (each start costs seconds on a loaded machine),
+    and Keras's "ran out of data" warning about whole epochs is not shown."""
+    script = tmp_path / "fit.py"
+    script.write_text(FIT_WITH_WORKERS)
+    done = subprocess.run([sys.executable, str(script), str(shards)], capture_output=True,
+                          text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ran out of data" not in done.stderr, done.stderr[-3000:]
+    epochs = [line.split()[2:] for line in done.stdout.splitlines() if line.startswith("EPOCH")]
+    assert len(epochs) == 3
+    # 4 workers (2 each) and the resource tracker, the same processes at every epoch's end
+    # (pgrep itself is a child too: a new one each time)
+    kept = set(epochs[0]) & set(epochs[1]) & set(epochs[2])
+    assert len(kept) >= 4, epochs
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="shared memory seen in /dev/shm")
+def test_a_batch_handed_out_unlinks_its_shared_memory_at_once():
+    """Grain unlinks a delivered block when its array is deleted, in a background thread
+    that a short script's exit may never let run (the blocks stay in /dev/shm, "leaked"):
+    chute copies the batch out and unlinks the block's name there and then."""
+    from grain.python import SharedMemoryArray
+
+    from chute.read.grain.workers import _plain
+
+    pixels = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    made = SharedMemoryArray(pixels.shape, pixels.dtype)  # as a worker makes a batch
+    made[...] = pixels
+    received = SharedMemoryArray.from_metadata(made.metadata)  # as the reader opens it
+    received.unlink_on_del()  # the reader's end is the one to unlink (Grain marks it so)
+    name = received.shm.name.lstrip("/")
+    try:
+        copy = _plain(received)
+        assert type(copy) is np.ndarray and np.array_equal(copy, pixels)
+        assert not os.path.exists(f"/dev/shm/{name}")  # before the array is deleted
+        del received, made  # and Grain's own deletion then finds nothing to unlink
+    finally:
+        from multiprocessing import shared_memory
+
+        with contextlib.suppress(FileNotFoundError):  # the test failed: not left behind
+            shared_memory.SharedMemory(name).unlink()

@@ -19,6 +19,10 @@ the smallest DCT scale that covers the crop and OpenCV's resize, in evaluation
 the tf.data engine's pixels (:mod:`chute.image.crop`). Heavy augmentations
 (rotation, MixUp, ...) run in the train step (``augment_on="device"``).
 
+A plain dataset's ``iter()`` is an epoch (the next one once an epoch was read to its
+end) of one stream kept across epochs (:mod:`chute.read.grain.epochs`): its worker
+processes start once, not at every epoch and every validation.
+
 Evaluation reads every example once, in record order, each input pipeline a
 contiguous share, the last batch short or (``pad_final_batch``) padded with
 weight-0 examples and every pipeline given the largest share's batches.
@@ -58,6 +62,7 @@ from chute.format.spec import ImageSpec
 from chute.image import crop
 from chute.machine import available_cores
 from chute.read import sampling as sampling_lib
+from chute.read.grain import epochs
 from chute.read.grain import order as order_lib
 from chute.read.grain import workers as grain_workers
 from chute.read.grain.plan import GrainPlan
@@ -466,8 +471,11 @@ def _dataset_class():
             # No parents: the batches are made here, not from another Grain dataset.
             super().__init__([])
             self.batches, self.plan, self.workers = batches, batches.plan, workers
-            self.epoch = 0  # the epoch the next iter() reads: a plain loop reads one each
+            # The epoch the next iter() reads: one an iterator read to its end moves it on;
+            # one left part-way (Keras reads two batches to learn the shapes) does not.
+            self.epoch = 0
             self.start: StreamPosition | None = None  # a stream's (see stream())
+            self._reader: epochs.Reader | None = None  # the plain dataset's, kept across epochs
 
         def __len__(self) -> int:
             return self.batches.steps
@@ -478,12 +486,45 @@ def _dataset_class():
             a dataset a few times before it trains (to learn its shapes), so a resumed
             run's input must not move on when iterated. Evaluation ignores it."""
             streamed = copy.copy(self)  # the same batches, source and LoadInfo
-            streamed.start = position
+            streamed.start, streamed._reader = position, None
             return streamed
 
         def __iter__(self):
+            if self.start is None:
+                # A plain dataset: an epoch at a time from one stream whose workers live on
+                # (Keras iterates training and validation anew each epoch).
+                return epochs.epoch_iterator(grain)(self, self.epoch, 0)
+            return self._iterator()
+
+        def close(self) -> None:
+            """Ends the worker processes (or threads) kept across epochs; a later
+            ``iter()`` starts them again."""
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+        def _read_at(self, number: int):
+            """Batch ``number`` of the plain dataset's stream (training: of epoch ``number
+            // steps``; evaluation: the split again every ``steps``), from the reader kept
+            across epochs."""
+            if self._reader is None:
+                self._reader = epochs.Reader(self)
+            return self._reader.read(number)
+
+        def _stream_from(self, number: int):
+            """An iterator of the plain dataset's stream from batch ``number`` on, without
+            end (training: the epochs one after another; evaluation: the split repeated)."""
+            steps = self.batches.steps
+            # a bucket's shards download while workers start
+            self.batches.fetch_ahead(StreamPosition(number // steps, number % steps))
+            batches = grain.MapDataset.source(self.batches)
+            if not self.plan.training:
+                batches = batches.repeat()
+            return self._read(batches.slice(slice(number, None)))
+
+        def _iterator(self):
             source, steps = self.batches, self.batches.steps
-            start = self.start or StreamPosition(self.epoch)
+            start = self.start
             if self.plan.training and start.offset:
                 source = copy.copy(source)  # this stream's own: its first epoch starts later
                 source.offset = (start.epoch, start.offset)
@@ -496,12 +537,13 @@ def _dataset_class():
                 # one whole batch less.
                 last = None if self.plan.repeat else (start.epoch + 1) * steps - bool(start.offset)
                 batches = batches.slice(slice(first, last))
-                # A stream stays where it starts; a plain dataset moves on an epoch per iter().
-                if self.start is None:
-                    self.epoch += 1
             elif self.plan.repeat:
                 batches = batches.repeat()
-            # Worker processes make whole batches themselves; without them, up to 4 threads do.
+            return self._read(batches)
+
+        def _read(self, batches):
+            """An iterator of ``batches`` (a Grain MapDataset of whole batches) made in
+            worker processes, or with ``workers=0`` in up to 4 threads of this process."""
             threads = 0 if self.workers else min(4, available_cores())
             dataset = batches.to_iter_dataset(
                 grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(2, threads))

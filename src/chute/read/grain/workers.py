@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import contextlib
 import functools
 import gc
 import inspect
@@ -245,6 +246,24 @@ def _delivered_class():
 
 
 def _plain(array: np.ndarray) -> np.ndarray:
-    """``array`` as a plain ndarray (a copy of one in shared memory, which is then freed)."""
+    """``array`` as a plain ndarray: a copy of one in shared memory, whose block is
+    unlinked here and now.
+
+    Grain unlinks a block when its array is deleted, in a background thread (up to 50
+    waiting): at exit those still waiting are never unlinked, and the resource tracker
+    reports them as leaked (about 50 ``/dev/shm/psm_*`` left after a short script on a
+    loaded machine). Unlinked here, the name is gone at once; the mapping goes with the
+    array, and Grain's deletion then only closes it.
+    """
     # type(), not isinstance: Grain's shared-memory arrays are ndarray subclasses.
-    return array if type(array) is np.ndarray else np.array(array)
+    if type(array) is np.ndarray:
+        return array
+    copy = np.array(array)
+    block = getattr(array, "shm", None)
+    # Only a block this process is to unlink (Grain marks the receiving end's arrays), and
+    # only where Grain's mark can be cleared after (so its deletion does not unlink again).
+    if block is not None and getattr(array, "_unlink_on_del", False):
+        with contextlib.suppress(FileNotFoundError):
+            block.unlink()
+        array._unlink_on_del = False
+    return copy
