@@ -115,8 +115,10 @@ class Backup:
         # Named by step, zero-padded: a new backup never overwrites the file state.json names.
         name = f"step-{step:010d}.weights.h5"
         partial = self._path(f"partial-{step:010d}.weights.h5")  # Keras wants .weights.h5
-        # overwrite: a partial file left by a kill during an earlier write of this step.
-        model.save_weights(partial, overwrite=True)
+        # overwrite: a partial file left by a kill during an earlier write of this step;
+        # staged: Keras writes local files (and TensorFlow's), not a bucket's
+        with storage.staged_write(partial) as local:
+            model.save_weights(local, overwrite=True)
         storage.rename(partial, self._path(name))
         record = Record(epoch, step, name, _seed_states(model), samples, global_batch, layout)
         current = self._state().get("current")
@@ -173,7 +175,8 @@ class Backup:
         # load_weights needs the optimizer's variables to exist, and Keras builds them only lazily.
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        model.load_weights(self._path(record.weights))
+        with storage.staged_read(self._path(record.weights)) as local:
+            model.load_weights(local)
         _restore_seeds(model, record)
 
     def stored_step(self, record: Record) -> int | None:

@@ -32,6 +32,7 @@ import numpy as np
 from chute.errors import ChuteError
 from chute.fit import backend as backend_lib
 from chute.fit import backup as backup_lib
+from chute.fit import logs as logs_lib
 from chute.fit import models, position, reading, rundir, trainable
 from chute.fit import processes as processes_lib
 from chute.fit import strategy as strategy_lib
@@ -143,6 +144,7 @@ def train(
     config = dataclasses.replace(config, backend=backend_lib.resolve(config.backend))
     config = _engine_without_tensorflow(config)
     models.check_model(config.model, config.weights)  # before anything heavy
+    _check_run_dir(os.fspath(run_dir), config)
     manifest = _training_data(data)
     processes = processes_lib.join(config)  # JAX on several hosts: one process each
     # Recorded with the run folder: a later run with other options must not resume this backup.
@@ -212,6 +214,21 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
             else {}
         ),
     }
+
+
+def _check_run_dir(run_dir: str, config: TrainConfig) -> None:
+    """Refuses, before anything is built or written, a run folder that a run cannot
+    write: chute's multi-worker loop keeps its backups and logs through TensorFlow,
+    which opens local paths, ``gs://`` and ``ram://`` but not ``s3://`` or ``az://``."""
+    multiworker = config.strategy == "multiworker" or (
+        config.strategy == "auto" and strategy_lib.count_workers() > 1
+    )
+    if config.backend == "tensorflow" and multiworker and not storage.tensorflow_opens(run_dir):
+        raise ChuteError(
+            "Under MultiWorkerMirroredStrategy the run folder is written by TensorFlow, "
+            f"which cannot write to {run_dir!r}. Received: run_dir={run_dir!r}; pass a "
+            "local folder, or a gs:// one"
+        )
 
 
 def _training_data(data: Any) -> manifest_lib.Manifest:
@@ -410,7 +427,8 @@ def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run,
         done = storage.join(phase.backup, "done.json")
         if len(phases) > 1 and storage.exists(done):  # finished by an earlier run
             finished = json.loads(storage.read_bytes(done))
-            model.load_weights(storage.join(phase.backup, "end.weights.h5"))
+            with storage.staged_read(storage.join(phase.backup, "end.weights.h5")) as local:
+                model.load_weights(local)
             _extend(history, finished["history"])
             continue
         # Before compiling: Keras reads which weights are trainable when the model is compiled.
@@ -422,8 +440,10 @@ def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run,
         seconds += phase_seconds
         if len(phases) > 1 and devices.chief:
             storage.makedirs(phase.backup)
-            with processes_lib.alone(devices):  # the chief alone: not a collective
-                model.save_weights(storage.join(phase.backup, "end.weights.h5"))
+            end = storage.join(phase.backup, "end.weights.h5")
+            # the chief alone (not a collective); staged: Keras writes no bucket
+            with processes_lib.alone(devices), storage.staged_write(end) as local:
+                model.save_weights(local)
             body = {"history": phase_history}
             storage.write_atomic(done, json.dumps(body, default=float).encode())
     storage.remove_if_exists(run.backup)  # every phase is done
@@ -485,8 +505,7 @@ def _fit(
             devices,
             [
                 *trainable.checkpoints(model, run, inputs.monitor),
-                keras.callbacks.CSVLogger(run.join("history.csv"), append=True),
-                *([keras.callbacks.TensorBoard(run.logs)] if installed("tensorflow") else []),
+                *logs_lib.callbacks(run, tensorboard=installed("tensorflow")),
             ],
         ),
         kept,

@@ -138,7 +138,9 @@ def checkpoints(model: Any, run: Any, monitor: str) -> list:
 
     class Checkpoints(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            model.save(run.checkpoint("last"))
+            # staged: Keras writes local files (and TensorFlow's), not a bucket's
+            with storage.staged_write(run.checkpoint("last")) as local:
+                model.save(local)
             score = (logs or {}).get(monitor)
             if score is None:
                 return
@@ -147,7 +149,8 @@ def checkpoints(model: Any, run: Any, monitor: str) -> list:
             if storage.exists(best_file):
                 best = json.loads(storage.read_bytes(best_file))["best"]
             if best is None or score > best:
-                model.save(run.checkpoint("best"))
+                with storage.staged_write(run.checkpoint("best")) as local:
+                    model.save(local)
                 storage.write_atomic(best_file, json.dumps({"best": float(score)}).encode())
 
     return [Checkpoints()]

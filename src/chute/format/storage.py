@@ -16,10 +16,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
 import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
@@ -255,6 +257,43 @@ def write_atomic(path: str, data: bytes) -> None:
         handle.write(data)
         sync(handle)
     rename(tmp, path)
+
+
+@contextlib.contextmanager
+def staged_write(path: str) -> Iterator[str]:
+    """A local file name for a writer that writes only local files (Keras's ``save``,
+    h5py), whose content lands at ``path`` when the block ends without an error.
+
+    ``path`` itself where it is local; otherwise a file of the same name in a temporary
+    folder, copied to ``path`` afterwards (an object store shows the upload whole or not
+    at all) and deleted.
+
+    Example:
+        >>> with staged_write("s3://bkt/runs/r1/checkpoints/last.keras") as local:  # doctest: +SKIP
+        ...     model.save(local)
+    """
+    if is_local(path):
+        yield local_path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="chute-staged-") as tmp:
+        # The same name: Keras chooses the format by the name's ending (.keras, .weights.h5).
+        local = os.path.join(tmp, basename(path))
+        yield local
+        copy(local, path)
+
+
+@contextlib.contextmanager
+def staged_read(path: str) -> Iterator[str]:
+    """A local file name holding the content of file ``path``, for a reader that opens
+    only local files: ``path`` itself where it is local, else a temporary copy (deleted
+    when the block ends)."""
+    if is_local(path):
+        yield local_path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="chute-staged-") as tmp:
+        local = os.path.join(tmp, basename(path))
+        copy(path, local)
+        yield local
 
 
 def create(path: str, data: bytes) -> bool:
