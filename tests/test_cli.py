@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -230,3 +231,74 @@ def test_progress_bars_are_closed_when_a_command_fails(monkeypatch):
     with pytest.raises(chute.ChuteError), cli._progress_bars(None):  # stderr: no terminal
         raise chute.ChuteError("a bad shard")
     assert closed == [False]
+
+
+def test_only_chutes_own_notes_are_shown_other_libraries_warnings_too(shared_dataset, monkeypatch):
+    real = cli._inspect
+
+    def noisy(args):
+        logging.getLogger("botocore.credentials").info("Found credentials in environment.")
+        logging.getLogger("botocore.endpoint").warning("a store's warning")
+        logging.getLogger("chute.tools.inspect").info("chute's own note")
+        return real(args)
+
+    monkeypatch.setattr(cli, "_inspect", noisy)
+    done = run_here("inspect", shared_dataset)
+    assert done.returncode == 0, done.stderr
+    assert "Found credentials" not in done.stderr
+    assert "chute: a store's warning" in done.stderr and "chute: chute's own note" in done.stderr
+    assert "chute: Found credentials" in run_here("-v", "inspect", shared_dataset).stderr
+
+
+def test_tensorflow_native_log_level_is_set_unless_the_user_did_or_asks_for_it(
+    shared_dataset, monkeypatch
+):
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    run_here("-v", "inspect", shared_dataset)
+    assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # -v: everything TensorFlow says
+    run_here("inspect", shared_dataset)
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "3"  # errors too: they come back as one line
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    run_here("inspect", shared_dataset)
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"  # the user's own
+
+
+@pytest.mark.slow  # a fresh process imports TensorFlow and loads a model
+def test_a_tensorflow_command_prints_no_native_log_lines(trained_run, tmp_path):
+    run, _ = trained_run
+    image = write_image(tmp_path / "x.png", size=(16, 16))
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "-m", "chute", "predict", str(run), str(image)],
+        capture_output=True, text=True, env=env, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    native = [line for line in done.stderr.splitlines() if not line.startswith("chute: ")]
+    assert native == [], done.stderr
+
+
+def test_a_finished_progress_bar_is_closed_at_once():
+    bars = cli._Bars(True)
+    bars("check", 85, 100)
+    assert "check" in bars.bars
+    bars("check", 100, 100)  # not left standing at its last redraw
+    assert "check" not in bars.bars
+    bars.close()
+
+
+def test_log_lines_go_above_the_progress_bars_not_into_them(folder, tmp_path):
+    done = run_here("convert", folder, tmp_path / "out", "--progress", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    for line in done.stderr.split("\n"):
+        if "chute: " in line:
+            # whatever a bar drew on this line was erased (\r) before the log line
+            assert line.rsplit("\r", 1)[-1].startswith("chute: "), repr(line)
+
+
+def test_an_unknown_flag_is_not_blamed_on_beam(folder, tmp_path):
+    done = run_here("convert", folder, tmp_path / "out", "--append")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --append" in done.stderr
+    assert "Beam" not in done.stderr and not (tmp_path / "out").exists()
+    beam = run_here("convert", folder, tmp_path / "out", "--temp_location=gs://b/tmp")
+    assert "(Beam pipeline options need --runner)" in beam.stderr

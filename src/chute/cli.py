@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -80,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"chute {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log chute's details, other libraries' notes and TensorFlow's native log too",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # the order `chute --help` lists them in: a dataset's life, then the tools around it
     _add_convert(commands)
@@ -334,10 +341,30 @@ class _Bars:
             bar = self.bars[phase] = tqdm(total=total, desc=phase, leave=False, **unit)
         # The callback gives a running total; tqdm wants the step since its last update.
         bar.update(done - bar.n)
+        if done >= total:  # finished: closed now, not left standing at its last redraw
+            self.bars.pop(phase).close()
 
     def close(self) -> None:
         for bar in self.bars.values():
             bar.close()
+        self.bars.clear()
+
+
+class _AboveBars:
+    """A stream for the log handler while bars are drawn: each line goes through
+    ``tqdm.write``, which clears the bars, writes the line and draws them again below it
+    (a plain write would land inside a bar's line)."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(text, file=self.stream, end="")
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 @contextlib.contextmanager
@@ -346,10 +373,22 @@ def _progress_bars(flag: bool | None) -> Iterator[_Bars]:
     error printed after it); ``--progress`` unset: only when stderr is a terminal, so a
     log file gets no carriage-return redraws."""
     bars = _Bars(sys.stderr.isatty() if flag is None else flag)
+    # the log lines printed on the bars' stream go above them while they are drawn
+    routed = [
+        handler
+        for handler in logging.getLogger().handlers
+        if bars.enabled
+        and isinstance(handler, logging.StreamHandler)
+        and getattr(handler, "stream", None) is sys.stderr
+    ]
+    for handler in routed:
+        handler.setStream(_AboveBars(sys.stderr))
     try:
         yield bars
     finally:
         bars.close()
+        for handler in routed:
+            handler.setStream(sys.stderr)
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -725,18 +764,54 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# Beam's own flags are snake_case (--temp_location, --num_workers) or one of these words;
+# chute's are kebab-case
+_BEAM_OPTION = re.compile(r"--([a-z0-9]+_[a-z0-9_]+|project|region|zone|streaming)(=|$)")
+
+
+class _OwnNotes(logging.Filter):
+    """Passes chute's records, and other libraries' warnings and errors (their notes
+    too when ``verbose``)."""
+
+    def __init__(self, verbose: bool):
+        super().__init__()
+        self.lowest = logging.INFO if verbose else logging.WARNING
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        own = record.name == "chute" or record.name.startswith("chute.")
+        return own or record.levelno >= self.lowest
+
+
+def _quiet_tensorflow(verbose: bool) -> None:
+    """TensorFlow's native log (start-up notes, "failed call to cuInit" on a machine
+    without a GPU) left out, unless ``verbose`` or the user set TF_CPP_MIN_LOG_LEVEL."""
+    if verbose or "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        return
+    from chute.lazy import quiet_native_start
+
+    # Before TensorFlow is imported: it reads the level once. 3: errors too (what fails
+    # reaches chute as a Python exception, shown in its one line)
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    quiet_native_start()  # what it prints while loading, before it reads the level
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``chute`` command; returns the exit code."""
     parser = _parser()
     args, extra = parser.parse_known_args(argv)  # with convert --runner: Beam's options
     if extra and not (args.command == "convert" and args.runner):
-        hint = " (Beam pipeline options need --runner)" if args.command == "convert" else ""
+        # Beam's hint only for what reads as one of its options: a typo is just a typo
+        beam = args.command == "convert" and any(_BEAM_OPTION.match(arg) for arg in extra)
+        hint = " (Beam pipeline options need --runner)" if beam else ""
         parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     args.pipeline_args = extra
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ start-up chatter out
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO, format="chute: %(message)s"
-    )
+    _quiet_tensorflow(args.verbose)
+    level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
+    logging.basicConfig(level=level, format="chute: %(message)s")
+    for shown in logging.getLogger().handlers:
+        # "chute: " lines are chute's: another library's notes (botocore's "Found
+        # credentials in environment variables") only with -v, its warnings always
+        shown.addFilter(_OwnNotes(args.verbose))
     # JAX's own start-up notes (e.g. "Unable to initialize backend 'tpu'" on a machine
     # without one) are not chute's to show
     logging.getLogger("jax").setLevel(logging.WARNING)

@@ -18,10 +18,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import os
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 from chute.errors import ChuteError
@@ -43,6 +46,38 @@ INSTALL = {
 }
 
 
+# TensorFlow's native libraries print start-up lines (oneDNN, "Could not find cuda drivers")
+# to file descriptor 2 before its logging reads TF_CPP_MIN_LOG_LEVEL; the CLI drops them
+# (see quiet_native_start) unless asked to show everything.
+_QUIET_START = {"on": False}
+_IMPORT_TENSORFLOW = ("tensorflow", "keras")  # Keras on its TensorFlow backend imports it
+
+
+def quiet_native_start() -> None:
+    """Drops what TensorFlow's native libraries print while it is imported (the CLI's
+    default; TF_CPP_MIN_LOG_LEVEL quiets what they print later)."""
+    _QUIET_START["on"] = True
+
+
+@contextlib.contextmanager
+def _native_stderr_dropped() -> Iterator[None]:
+    """File descriptor 2 pointed at the null device for the block (Python's own
+    ``sys.stderr`` writes are flushed first and go on as before afterwards)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no descriptor 2 to point elsewhere
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class LazyModule(types.ModuleType):
     """A stand-in for a module that imports it on the first attribute access."""
 
@@ -52,8 +87,14 @@ class LazyModule(types.ModuleType):
 
     def _load(self) -> types.ModuleType:
         if self._module is None:
+            quiet = (
+                _QUIET_START["on"]
+                and self.__name__ in _IMPORT_TENSORFLOW
+                and "tensorflow" not in sys.modules
+            )
             try:
-                self._module = importlib.import_module(self.__name__)
+                with _native_stderr_dropped() if quiet else contextlib.nullcontext():
+                    self._module = importlib.import_module(self.__name__)
             except ModuleNotFoundError as error:
                 missing = (error.name or "").split(".")[0]
                 if missing in INSTALL:

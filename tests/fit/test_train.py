@@ -458,3 +458,12 @@ def test_auto_precision_follows_this_workers_gpus(monkeypatch, kind, gpus, capab
     built = SimpleNamespace(num_replicas_in_sync=1, extended=SimpleNamespace(worker_devices=[]))
     devices = strategy_lib.devices_of(built, strategy_lib.Plan(kind))
     assert training._precision(TrainConfig(), devices) == expected
+
+
+@pytest.mark.slow  # a short training
+def test_train_from_python_draws_no_bars_into_redirected_output(data, tmp_path, capfd):
+    options = {k: v for k, v in FAST.items() if k != "verbose"}  # Keras's "auto"
+    chute.train(data, tmp_path / "run", **{**options, "epochs": 1})
+    out, err = capfd.readouterr()
+    assert len([line for line in out.splitlines() if "val_accuracy" in line]) == 1  # per epoch
+    assert not any(code in out + err for code in ("\r", "\x08", "\x1b[")), repr(out)

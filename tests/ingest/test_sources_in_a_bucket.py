@@ -121,3 +121,19 @@ def test_a_csv_list_in_a_bucket_may_name_whole_urls(bucket, images, tmp_path):
     chute.convert(f"{bucket}/lists/urls.csv", tmp_path / "out", workers=1, allow_outside=True)
     manifest = chute.load_manifest(str(tmp_path / "out"))
     assert manifest.class_names == ["a", "b", "c"] and manifest.splits["train"].examples == 10
+
+
+def test_keys_with_an_empty_folder_name_in_a_bucket_folder_are_rejected_not_lost(
+    bucket, images, tmp_path
+):
+    folder = f"{bucket}/slashes"
+    _upload(images, folder)
+    png = (images / "a" / "000.png").read_bytes()
+    for key in ("a//extra.png", "b/deeper//more.png"):  # no folder walk reaches these
+        storage.write_atomic(f"{folder}/{key}", png)
+    chute.convert(folder, tmp_path / "out", workers=1)
+    manifest = chute.load_manifest(str(tmp_path / "out"))
+    assert sum(split.examples for split in manifest.splits.values()) == 10  # the reachable ones
+    rejected = {entry["key"]: entry["reason"] for entry in manifest.rejects}
+    assert set(rejected) == {"a//extra.png", "b/deeper//more.png"}, rejected
+    assert all("empty folder name ('//')" in reason for reason in rejected.values())

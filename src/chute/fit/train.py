@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -127,7 +128,8 @@ def train(
         overwrite: start over in a ``run_dir`` holding a finished run, or an
             interrupted one started with other options (model, input, classes,
             fine-tuning, backend); the same options resume an interrupted run.
-        verbose: Keras's progress output.
+        verbose: Keras's progress output: ``"auto"``, its bar (1) where standard output
+            is a terminal, else one line per epoch (2), as tqdm's ``disable=None`` does.
 
     Returns:
         A :class:`TrainResult`.
@@ -160,7 +162,9 @@ def train(
         keras.utils.set_random_seed(config.seed)
         inputs = _inputs(manifest, config, devices)
         model = _built_model(config, manifest, devices, inputs)
-        history, seconds = _fit_phases(model, devices, inputs, config, manifest, run, verbose)
+        history, seconds = _fit_phases(
+            model, devices, inputs, config, manifest, run, _keras_verbose(verbose)
+        )
         if not processes.chief:  # the chief writes the run directory, bundle and reports
             chiefs = rundir.RunDir(os.fspath(run_dir), run.resumed)
             # No bundle here: only the chief's run folder holds one.
@@ -684,6 +688,15 @@ def _padded_val_loss(padded: float) -> Any:
                 logs["val_loss"] = float(logs["val_loss"]) * padded
 
     return PaddedValLoss()
+
+
+def _keras_verbose(verbose: int | str) -> int | str:
+    """``verbose`` for Keras's ``fit``, "auto" resolved: Keras's own "auto" draws its bar
+    (carriage returns, ANSI codes, every step) into a log file or a pipe too."""
+    if verbose != "auto":
+        return verbose
+    isatty = getattr(sys.stdout, "isatty", None)
+    return 1 if isatty is not None and isatty() else 2
 
 
 def _epoch_timer() -> Any:

@@ -400,6 +400,19 @@ def walk(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
             yield remote.url(fs, top, key, dirpath), dirnames, filenames
 
 
+def find(top: str) -> list[str]:
+    """Every file under remote folder ``top``, at any depth, as URLs, sorted: one flat
+    listing, which (unlike :func:`walk`) also reaches keys with an empty path segment
+    (``a//b.png``)."""
+    if not _fsspec(top):
+        return sorted(
+            join(dirpath, name) for dirpath, _, names in walk(top) for name in names if name
+        )
+    fs, key = remote.filesystem(top)
+    with remote.errors(top):
+        return sorted(remote.url(fs, top, key, found) for found in fs.find(key))
+
+
 def glob(pattern: str) -> list[str]:
     """Paths matching ``pattern``, sorted."""
     if is_local(pattern):

@@ -56,19 +56,29 @@ def text_key(name: str) -> str:
     return _SURROGATE.sub(_escape_surrogate, name)
 
 
-def image_files(top: str, outer: frozenset[str] = frozenset()) -> list[str]:
+def image_files(
+    top: str, outer: frozenset[str] = frozenset(), *, unreachable: list[str] | None = None
+) -> list[str]:
     """Image paths under ``top`` relative to it (``/``-separated), sorted.
 
     Hidden files and folders are skipped; symlinked folders are followed
     unless they lead back to a folder already on the current path, or to one of
     the ``outer`` folders (real paths of the dataset and split roots): a loop.
     Local folders are walked with ``os.scandir``, others (``gs://``, ``ram://``)
-    through the storage layer.
+    through the storage layer. In a bucket, the image keys with an empty path
+    segment (``a//b.png``: no folder walk reaches them) are added to
+    ``unreachable`` (full URLs) when it is given.
     """
     found: list[str] = []
     if not storage.is_local(top):
         for dirpath, dirnames, filenames in storage.walk(top):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            # A key "dirpath//name" shows as a folder or a file named "": list it whole.
+            if unreachable is not None and "" in (*dirnames, *filenames):
+                below = dirpath.rstrip("/") + "//"
+                unreachable += [
+                    url for url in storage.find(dirpath) if url.startswith(below) and is_image(url)
+                ]
+            dirnames[:] = sorted(d for d in dirnames if d and not d.startswith("."))
             rel = posixpath.relpath(dirpath.rstrip("/"), top.rstrip("/"))
             for name in filenames:
                 if not name.startswith(".") and is_image(name):

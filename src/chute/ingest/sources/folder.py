@@ -15,6 +15,10 @@ from chute.image.files import image_files
 from chute.ingest.sources.base import FileSource, Item, Source, class_layout, visible_folders
 
 log = logging.getLogger(__name__)
+_EMPTY = (
+    "an object key with an empty folder name ('//'), which a folder source cannot read: "
+    "rename it without the '//'"
+)
 
 
 def _subfolders(path: str) -> list[str]:
@@ -36,6 +40,7 @@ def scan_folder(root: str) -> Source:
     layout = class_layout(root, _subfolders, storage.join)
     label_of = {name: i for i, name in enumerate(layout.classes)}
     items: list[Item] = []
+    rejects: list[dict] = []
     for split, split_name, split_root, names in layout.groups:
         outer = frozenset()
         if storage.is_local(root):
@@ -43,7 +48,8 @@ def scan_folder(root: str) -> Source:
         for class_name in names:
             prefix = f"{split_name}/{class_name}" if split else class_name
             class_root = storage.join(split_root, class_name)
-            for rel in image_files(class_root, outer):
+            unreachable: list[str] = []
+            for rel in image_files(class_root, outer, unreachable=unreachable):
                 items.append(
                     Item(
                         key=f"{prefix}/{rel}",
@@ -52,5 +58,10 @@ def scan_folder(root: str) -> Source:
                         path=storage.join(class_root, *rel.split("/")),
                     )
                 )
+            # Rejected, not read: a path made of folder names would lose the empty segment.
+            rejects += [
+                {"key": f"{prefix}/{url[len(class_root.rstrip('/')) + 1 :]}", "reason": _EMPTY}
+                for url in unreachable
+            ]
     kind = "split-folder" if layout.presplit else "folder"
-    return FileSource(kind, root, layout.classes, items, presplit=layout.presplit)
+    return FileSource(kind, root, layout.classes, items, presplit=layout.presplit, rejects=rejects)
