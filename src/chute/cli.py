@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -652,15 +653,24 @@ def _evaluate(args: argparse.Namespace) -> int:
         f"{args.split}: {report.examples} images, loss {report.loss:.4f}, "
         f"accuracy {report.accuracy:.4f}, top-5 {report.top5:.4f}"
     )
-    worst = sorted(
-        (c for c in report.per_class if c["accuracy"] is not None), key=lambda c: c["accuracy"]
-    )[:5]
-    print("weakest classes: " + ", ".join(f"{c['class']} {c['accuracy']:.2f}" for c in worst))
+    print(_weakest_classes(report.per_class))
     for true, predicted, times in report.most_confused(5):
         print(f"  {true} taken for {predicted} x{times}")
     if args.out:
         print(f"reports in {args.out}")
     return 0
+
+
+def _weakest_classes(per_class: list[dict], most: int = 5) -> str:
+    """The line naming the ``most`` classes of lowest accuracy below 1, or saying there are
+    none: a class that scored every image right is no weak class."""
+    below = [c for c in per_class if c["accuracy"] is not None and c["accuracy"] < 1.0]
+    if not below:
+        return "weakest classes: none (every class with images scored 1.00)"
+    worst = sorted(below, key=lambda c: c["accuracy"])[:most]
+    # Rounded down: a class below perfect never reads 1.00.
+    shown = (f"{c['class']} {math.floor(c['accuracy'] * 100) / 100:.2f}" for c in worst)
+    return "weakest classes: " + ", ".join(shown)
 
 
 def _print_label_report(report: Any, out: str | None) -> None:

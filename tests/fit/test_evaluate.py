@@ -80,3 +80,22 @@ def test_ten_thousand_classes_stay_within_the_batch_and_the_pairs_seen():
     assert report.examples == n and len(report.confusion) <= n
     assert len(report.per_class) == k
     assert peak < 60 * 2**20, f"peak {peak / 2**20:.0f} MB"
+
+
+def test_the_weakest_classes_are_those_below_perfect_or_none():
+    """``chute evaluate`` listed classes that scored 1.00 among the weakest; now only those
+    below 1 (rounded down, so none reads 1.00), or a line saying there are none."""
+    from chute import cli
+
+    per_class = [
+        {"class": "a", "accuracy": 1.0},
+        {"class": "b", "accuracy": 0.5},
+        {"class": "c", "accuracy": 0.999},
+        {"class": "d", "accuracy": None},  # no image in the split
+        {"class": "e", "accuracy": 1.0},
+    ]
+    assert cli._weakest_classes(per_class) == "weakest classes: b 0.50, c 0.99"
+    perfect = [c for c in per_class if c["class"] in "ade"]
+    assert cli._weakest_classes(perfect) == (
+        "weakest classes: none (every class with images scored 1.00)"
+    )

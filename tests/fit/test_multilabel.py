@@ -168,6 +168,7 @@ def test_format_report_rows_and_the_weakest_first():
     text = multilabel.format_report(report, split="test")
     lines = text.splitlines()
     assert lines[0].startswith("test: 3 images, mAP ")
+    assert "(macro, labels with a positive)" in lines[0]  # which mAP, named
     assert lines[1].split() == ["label", "AP", "F1", "precision", "recall", "support", "threshold"]
     assert lines[2].split() == ["cat", "1.000", "1.000", "1.000", "1.000", "2", "0.500"]
     weakest = multilabel.format_report(report, most=1).splitlines()

@@ -141,6 +141,8 @@ def test_precision_recall_draws_the_most_frequent_labels_and_the_micro_average(
     texts = [text for _, text in drawn]
     title = next(text for text in texts if text.startswith("precision-recall (val): mAP "))
     assert title.endswith(", curves of the 2 most frequent of 3 labels")
+    # the one mAP chute reports, named: not the micro-average's pooled figure
+    assert " (macro, labels with a positive), curves" in title
     assert "0: cat" in texts and "1: dog" in texts and "micro-average" in texts
     assert "2: never" not in texts  # no positive: no curve
     # cat is separated perfectly: precision 1 all the way, along the box's top edge

@@ -303,6 +303,22 @@ def test_a_bad_weight_is_an_error_naming_the_line(tmp_path, weight):
         sources.scan(source, labels=WEIGHTED)
 
 
+def test_a_weight_beyond_float32_is_an_error_of_its_own(tmp_path):
+    """1e39 is finite in float64, not in float32 (how records store weights): it was
+    refused as 'cannot convert image: OverflowError' while writing; now at the scan."""
+    source = _csv(tmp_path, "path,label,weight\na.png,cat,3.4e38\nb.png,dog,1e39\n")
+    match = (
+        r"list.csv, line 3: the sample weight \('weight'\) must be at most 3.402823e\+38, "
+        r"as records store weights in float32. Received: '1e39'"
+    )
+    with pytest.raises(ChuteError, match=match):
+        sources.scan(source, labels=WEIGHTED)
+    parquet = _parquet(tmp_path / "x.parquet", {"label": pa.array(["a", "b"]),
+                                                "weight": pa.array([0.5, 1e39])})  # fmt: skip
+    with pytest.raises(ChuteError, match=r"x.parquet, row 1: .* must be at most 3.402823e\+38"):
+        sources.scan(parquet, labels=WEIGHTED)
+
+
 def test_a_jsonl_line_without_the_weight_others_have_is_an_error(tmp_path):
     lines = ['{"path": "a.png", "label": "cat", "weight": 1}', '{"path": "b.png", "label": "d"}']
     with pytest.raises(ChuteError, match=r"line 2: the sample weight .* Received: None"):

@@ -199,3 +199,25 @@ def test_leak_guard_reports_label_sets():
     [group] = guard.report()
     assert group["labels"] == [[], [0, 2], [1]]
     assert group["dropped"] == ["a/3.png", "a/4.png"]
+
+
+def test_a_val_split_cut_short_by_the_training_reserve_is_warned_of(caplog):
+    """9 images with a label of their own and one negative: each label keeps its one image
+    in train, so val_fraction=0.3 gets 1 image, not 3; that was silent (445 val images
+    instead of 600 on a list with many rare labels), and is now a warning with the reason."""
+    sets = [(c,) for c in range(9)] + [()]
+    with caplog.at_level("WARNING", logger="chute.ingest.stratify"):
+        split = stratified_multilabel(
+            sets, _keys(10), 9, val_fraction=0.3, test_fraction=0.0, seed=0
+        )
+    assert len(split["val"]) == 1
+    assert (
+        "the val split holds 1 image(s), not the 3 that val_fraction=0.3 asks: 9 of the 10 "
+        "images stay in train so that each of the 9 labels keeps a training image"
+    ) in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="chute.ingest.stratify"):
+        stratified_multilabel(
+            _skewed(), _keys(400), 10, val_fraction=0.2, test_fraction=0.1, seed=0
+        )
+    assert caplog.text == ""  # exact counts: nothing to say

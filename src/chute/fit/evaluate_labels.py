@@ -5,7 +5,8 @@ per-label thresholds; :func:`chute.fit.evaluate.evaluate` picks it).
 Example:
     >>> report = evaluate("runs/tags", "./tag-shards")  # doctest: +SKIP
     >>> print(report.table())  # doctest: +SKIP
-    val: 120 images, mAP 0.812, micro F1 0.774 (precision 0.801, recall 0.749), macro F1 0.702
+    val: 120 images, mAP 0.812 (macro, labels with a positive), micro F1 0.774 (precision
+    0.801, recall 0.749), macro F1 0.702
 """
 
 from __future__ import annotations

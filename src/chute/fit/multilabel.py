@@ -226,7 +226,8 @@ def format_report(report: dict[str, Any], *, split: str = "val", most: int | Non
         >>> report = label_report([[1, 0], [0, 1]], [[0.8, 0.3], [0.2, 0.6]], [0.5, 0.5],
         ...                       ["cat", "dog"])
         >>> print(format_report(report))  # doctest: +NORMALIZE_WHITESPACE
-        val: 2 images, mAP 1.000, micro F1 1.000 (precision 1.000, recall 1.000), macro F1 1.000
+        val: 2 images, mAP 1.000 (macro, labels with a positive), micro F1 1.000 (precision
+        1.000, recall 1.000), macro F1 1.000
         label     AP     F1  precision  recall  support  threshold
         cat    1.000  1.000      1.000   1.000        1      0.500
         dog    1.000  1.000      1.000   1.000        1      0.500
@@ -239,7 +240,8 @@ def format_report(report: dict[str, Any], *, split: str = "val", most: int | Non
         heading = f"label ({most} of lowest AP)"
     width = max([len(heading), *(len(r["name"]) for r in rows)])
     lines = [
-        f"{split}: {report['examples']} images, mAP {_figure(report['map'])}, "
+        f"{split}: {report['examples']} images, mAP {_figure(report['map'])} "
+        "(macro, labels with a positive), "
         f"micro F1 {_figure(report['micro_f1'])} (precision "
         f"{_figure(report['micro_precision'])}, recall {_figure(report['micro_recall'])}), "
         f"macro F1 {_figure(report['macro_f1'])}",

@@ -351,7 +351,9 @@ def draw_precision_recall(
               anchor="mt")  # fmt: skip
     draw.text((5, top - 24), "precision", fill="black", font=font)
     seen = support > 0
+    # Named: the one mAP chute reports (evaluate's too), not the micro-average drawn below.
     title = f"precision-recall ({split}): mAP " + (f"{ap[seen].mean():.3f}" if seen.any() else "-")
+    title += " (macro, labels with a positive)"
     if len(shown) < int(seen.sum()):
         title += f", curves of the {len(shown)} most frequent of {int(seen.sum())} labels"
     draw.text((5, 6), title, fill="black", font=font)

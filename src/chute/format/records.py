@@ -47,6 +47,8 @@ ENCODING = "encoding"
 KEY = "key"
 LABELS = "labels"  # multi-label datasets: the image's class indices (int64 list)
 WEIGHT = "weight"  # datasets with sample weights: the image's weight (float)
+# A record's float feature is float32: a larger weight (finite in float64) cannot be stored.
+MAX_WEIGHT = 3.4028234663852886e38
 # name -> (shape, dtype name) of each feature
 SCHEMA = {
     IMAGE: ([], "string"),

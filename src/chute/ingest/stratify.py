@@ -18,8 +18,11 @@ order the source listed them.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
 
 _NAMES = ("train", "val", "test")
 _TRAIN = 0
@@ -78,6 +81,7 @@ def stratified_multilabel(
     val = min(round(n * val_fraction), n - len(reserved)) if val_fraction > 0 else 0
     test = min(round(n * test_fraction), n - len(reserved) - val) if test_fraction > 0 else 0
     sizes = [n - val - test, val, test]
+    _say_cut(n, len(reserved), num_classes, val_fraction, val, test_fraction, test)
     # wanted[s][c]: how many more images with label c split s should get to match the whole.
     wanted = [[count * size / n for count in counts] for size in sizes] if n else [[], [], []]
     room = list(sizes)  # how many more images split s takes: the totals stay exact
@@ -98,6 +102,22 @@ def stratified_multilabel(
     for i in range(n):
         split[_NAMES[assigned[i]]].append(i)
     return split
+
+
+def _say_cut(
+    n: int, reserved: int, num_classes: int, val_fraction: float, val: int,
+    test_fraction: float, test: int,
+) -> None:  # fmt: skip
+    """Warns when the images kept for training left val or test fewer than asked for."""
+    for name, fraction, got in (("val", val_fraction, val), ("test", test_fraction, test)):
+        asked = round(n * fraction) if fraction > 0 else 0
+        if got < asked:
+            log.warning(
+                "the %s split holds %d image(s), not the %d that %s_fraction=%g asks: %d of the "
+                "%d images stay in train so that each of the %d labels keeps a training image "
+                "(an image per label, the rarest first)",
+                name, got, asked, name, fraction, reserved, n, num_classes,
+            )  # fmt: skip
 
 
 def _reserve_for_training(

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from chute.errors import ChuteError
 from chute.format import storage
+from chute.format.records import MAX_WEIGHT
 from chute.ingest.sources.base import (
     SPLIT_ALIASES,
     FileSource,
@@ -240,6 +241,11 @@ def _weight(path: str, line: int, column: str, value: Any) -> float:
             f"{path}, line {line}: the sample weight ({column!r}) must be a finite number "
             f">= 0. Received: {value!r}"
         ) from None
+    if weight > MAX_WEIGHT:
+        raise ChuteError(
+            f"{path}, line {line}: the sample weight ({column!r}) must be at most "
+            f"{MAX_WEIGHT:.7g}, as records store weights in float32. Received: {value!r}"
+        )
     return weight
 
 

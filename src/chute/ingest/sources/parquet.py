@@ -47,6 +47,7 @@ from typing import Any
 
 from chute.errors import ChuteError
 from chute.format import storage
+from chute.format.records import MAX_WEIGHT
 from chute.image.files import IMAGE_EXTENSIONS
 from chute.ingest.sources import members as members_lib
 from chute.ingest.sources.base import (
@@ -471,6 +472,11 @@ def _check_multi(before: bool | None, lists: bool, label: str, path: str, rules)
 def _weight(path: str, row: int, column: str, value: Any) -> float:
     """A row's sample weight, finite and >= 0."""
     if isinstance(value, int | float) and math.isfinite(value) and value >= 0:
+        if value > MAX_WEIGHT:
+            raise ChuteError(
+                f"{path}, row {row}: the sample weight (column {column!r}) must be at most "
+                f"{MAX_WEIGHT:.7g}, as records store weights in float32. Received: {value!r}"
+            )
         return float(value)
     raise ChuteError(
         f"{path}, row {row}: the sample weight (column {column!r}) must be a finite number "
