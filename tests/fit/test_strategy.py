@@ -126,12 +126,17 @@ def test_a_tpu_attached_to_this_host_is_connected_as_local(
         pytest.param(False, ["accel0"], "no libtpu, TPU_ACCELERATOR_TYPE", id="chips-no-libtpu"),
     ],
 )
-def test_no_tpu_attached_falls_back_without_trying_local(libtpu, devices, why, tmp_path, info_log):
+def test_no_tpu_attached_falls_back_without_trying_local(libtpu, devices, why, tmp_path, caplog):
+    """No TPU pointed at and none found (any GPU or CPU machine): said at DEBUG (``-v``),
+    not among a command's notes."""
+    caplog.set_level(logging.DEBUG, logger=strategy.__name__)
     dev = fake_dev(tmp_path, *devices)
     plan, calls = detect(libtpu=libtpu, dev=dev, tpu_ok=("local",), gpus=1)
     assert plan == strategy.Plan("gpu", gpus=1) and calls == [None]  # the resolver's own search
-    (message,) = [m for m in info_log.messages if m.startswith("TPU: none found")]
-    assert why in message and "Please provide a TPU Name" in message
+    found = [r for r in caplog.records if r.getMessage().startswith("TPU: none found")]
+    (record,) = found
+    assert why in record.getMessage() and "Please provide a TPU Name" in record.getMessage()
+    assert record.levelno == logging.DEBUG
 
 
 def test_an_attached_tpu_that_fails_to_connect_falls_back_with_the_reason(tmp_path, caplog):

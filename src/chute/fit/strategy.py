@@ -174,7 +174,8 @@ def _find_tpu(
     except (ValueError, KeyError, RuntimeError, OSError) as error:
         why = f"{how}; TPUClusterResolver(tpu={address!r}): {error}"
         # A TPU was pointed at but failed: a warning, as training falls back to GPUs or the CPU.
-        log.log(logging.WARNING if address else logging.INFO, "TPU: none found (%s)", why)
+        # None pointed at, none found: the usual case on a GPU or CPU machine, said with -v.
+        log.log(logging.WARNING if address else logging.DEBUG, "TPU: none found (%s)", why)
         return None, why
     log.info("TPU: %s", how if address else "found by TPUClusterResolver() without a name")
     return resolver, how
