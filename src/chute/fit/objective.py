@@ -108,12 +108,14 @@ def multi_label_positives(config: TrainConfig, manifest: Any) -> Any:
     return weights
 
 
-def make_metrics(config: TrainConfig, num_classes: int, *, multi_label: bool = False) -> list:
+def make_metrics(
+    config: TrainConfig, num_classes: int, *, multi_label: bool = False, present: Any = None
+) -> list:
     """Accuracy and top-5 accuracy (top-k with fewer classes); for multi-label data the
-    mAP estimate (``map``), AUC and micro/macro F1 at 0.5 (see
-    :func:`chute.fit.multilabel.training_metrics`)."""
+    mAP estimate (``map``, over the labels ``present`` marks), AUC and micro/macro F1 at
+    0.5 (see :func:`chute.fit.multilabel.training_metrics`)."""
     if multi_label:
-        return multilabel.training_metrics(num_classes)
+        return multilabel.training_metrics(num_classes, present)
     top = (
         keras.metrics.TopKCategoricalAccuracy
         if categorical(config)

@@ -95,6 +95,8 @@ class _Inputs:
     val_padded: float = 1.0  # validation examples Keras counts per real one (padding)
     val_weighted: bool = False  # validation batches are padded, with weights (0: padding)
     positives: Any = None  # multi-label: each label's positive weight (None: single-label)
+    # multi-label: which labels the monitored split (val, else train) has a positive of
+    labels_present: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,7 +355,16 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devic
         val_padded=val_padded,
         val_weighted=val_options is not None and val_options.pad_final_batch,
         positives=positives,
+        labels_present=_labels_present(manifest, "val" if val is not None else "train"),
     )
+
+
+def _labels_present(manifest, split: str) -> list[bool] | None:
+    """Multi-label: per label, whether ``split`` holds a positive of it (the labels the
+    mAP is averaged over, as ``evaluate`` does); None for single-label data."""
+    if not manifest.multi_label:
+        return None
+    return [count > 0 for count in manifest.split(split).class_counts]
 
 
 def _built_model(
@@ -548,7 +559,9 @@ def _compiled(model, devices: Devices, inputs: _Inputs, config, phase: _Phase, a
         )
         # Padded validation batches weigh the padding 0: metrics that count weights
         multi = inputs.positives is not None
-        metrics = make_metrics(config, model.output_shape[-1], multi_label=multi)
+        metrics = make_metrics(
+            config, model.output_shape[-1], multi_label=multi, present=inputs.labels_present
+        )
         padded = inputs.val_weighted
         trainer.compile(
             optimizer=make_optimizer(
