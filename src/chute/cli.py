@@ -629,7 +629,9 @@ def _train(args: argparse.Namespace) -> int:
     if result.backend != "tensorflow":
         devices = f"{result.backend} {result.strategy}: {result.replicas} device(s)"
     print(
-        f"  {devices}, global batch {result.global_batch_size} = {config.batch_size} x "
+        # the batch chute chose when none was given (TrainConfig.batch_size None)
+        f"  {devices}, global batch {result.global_batch_size} = "
+        f"{result.global_batch_size // result.replicas} x "
         f"{result.replicas}, {result.precision}"
     )
     if result.processes > 1:

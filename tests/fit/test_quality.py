@@ -14,7 +14,12 @@ import chute
 from chute import ChuteError, TrainConfig
 from chute.fit import cnns
 from chute.fit.models import SETTLED, batch_norm_momentum, build_model
-from chute.fit.objective import MIN_STEPS, warn_if_short
+from chute.fit.objective import (
+    MIN_STEPS,
+    SMALLEST_CHOSEN_BATCH,
+    choose_batch_size,
+    warn_if_short,
+)
 
 
 def test_momentum_leaves_the_settled_share_of_the_start_after_one_epoch():
@@ -151,3 +156,52 @@ def test_a_run_of_few_steps_validates_as_well_as_it_trains(banded, tmp_path, cap
     assert result.best_val_accuracy >= 0.8, history
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("18 optimizer steps" in w and "--epochs 17" in w for w in warnings), warnings
+
+
+def test_left_to_chute_a_small_dataset_gets_a_smaller_batch_and_the_reason(caplog):
+    # 480 images, 10 epochs: batches of 128 give 3 steps an epoch, 30 in all; of 32, 150
+    config = TrainConfig(model="kannada-cnn", epochs=10)
+    assert config.batch_size is None  # not given: chute chooses
+    with caplog.at_level(logging.INFO, logger="chute.fit.objective"):
+        assert choose_batch_size(config, train_examples=480, replicas=1) == 32
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert message.startswith("batch size 32, not 128: 480 training images give 30 ")
+    assert f"fewer than the {MIN_STEPS}" in message and "with 32, 150 steps" in message
+    assert "--batch-size" in message
+
+
+def test_a_chosen_batch_counts_every_replica_and_stops_at_its_floor():
+    config = TrainConfig(epochs=10)
+    # 2 replicas: global batches of 2 x 16 = 32 give 150 steps; 2 x 32, 70
+    assert choose_batch_size(config, train_examples=480, replicas=2) == 16
+    # never below the floor, however few the images (warn_if_short says the rest)
+    assert choose_batch_size(config, train_examples=40, replicas=1) == SMALLEST_CHOSEN_BATCH
+
+
+def test_enough_data_a_pretrained_backbone_or_a_batch_given_by_hand_keep_theirs(caplog):
+    with caplog.at_level(logging.INFO, logger="chute.fit.objective"):
+        # 1280 images: 10 steps an epoch x 10 epochs make 100
+        assert choose_batch_size(TrainConfig(epochs=10), train_examples=1280, replicas=1) == 128
+        pretrained = TrainConfig(model="MobileNetV2", weights="imagenet", epochs=1)
+        assert choose_batch_size(pretrained, train_examples=480, replicas=1) == 128
+        given = TrainConfig(epochs=10, batch_size=128)
+        assert choose_batch_size(given, train_examples=480, replicas=1) == 128
+    assert not caplog.records
+
+
+@pytest.mark.slow
+def test_a_run_left_to_choose_its_batch_records_the_one_it_chose(banded, tmp_path, caplog):
+    import json
+
+    with caplog.at_level(logging.INFO, logger="chute.fit.objective"):
+        result = chute.train(
+            banded, tmp_path / "run", model="kannada-cnn", epochs=1, strategy="cpu", verbose=0
+        )
+    # 54 training images: 3 steps of 16 (today's 128 is more than the whole split)
+    assert result.global_batch_size == SMALLEST_CHOSEN_BATCH * result.replicas
+    assert any(r.getMessage().startswith("batch size 16, not 128") for r in caplog.records)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["batch_size"] == 16
+    started = json.loads((tmp_path / "run" / "started.json").read_text())
+    assert started["batch_size"] == "auto, 1 epochs"

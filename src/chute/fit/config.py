@@ -4,8 +4,8 @@ Flags of ``chute train`` and the keys of a TOML config file are its fields;
 defaults and help are written here only.
 
 Example:
-    >>> TrainConfig(model="cifar-cnn", epochs=3).batch_size
-    128
+    >>> TrainConfig(model="cifar-cnn", epochs=3).epochs
+    3
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ class TrainConfig:
     Attributes:
         model: a registry name (see ``chute.available_models()``).
         epochs: passes over the training split.
-        batch_size: examples per step **per replica**.
+        batch_size: examples per step **per replica**; default (None): 128, halved
+            down to 16 while a model trained from scratch would take fewer optimizer
+            steps than it needs (see :func:`chute.fit.objective.choose_batch_size`).
         optimizer: ``adam``, ``adamw``, ``sgd`` (momentum 0.9) or ``rmsprop``.
         learning_rate: the initial learning rate.
         schedule: ``constant``, ``cosine`` (decay to 0 over the run) or ``exponential``.
@@ -117,7 +119,11 @@ class TrainConfig:
 
     model: str = option("kannada-cnn", "registry name or keras.applications model")
     epochs: int = option(10, "passes over the training split")
-    batch_size: int = option(128, "examples per step per replica")
+    # None: chosen for the data (objective.choose_batch_size), so a batch given by hand wins.
+    batch_size: int | None = option(
+        None, "examples per step per replica (default: 128, smaller when the data give too "
+        "few steps)", type=int,
+    )  # fmt: skip
     optimizer: str = option("adam", "optimizer", choices=OPTIMIZERS)
     learning_rate: float = option(1e-3, "initial learning rate")
     schedule: str = option("constant", "learning-rate schedule", choices=SCHEDULES)
@@ -199,7 +205,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         checks.positive_int("epochs", self.epochs)
-        checks.positive_int("batch_size", self.batch_size)
+        checks.optional_positive_int("batch_size", self.batch_size)
         checks.one_of("optimizer", self.optimizer, OPTIMIZERS)
         if self.backend is not None:
             checks.one_of("backend", self.backend, BACKENDS)

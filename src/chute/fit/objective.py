@@ -14,7 +14,7 @@ from typing import Any
 from chute.errors import ChuteError
 from chute.fit import multilabel
 from chute.fit.config import TrainConfig
-from chute.fit.reading import categorical
+from chute.fit.reading import DEFAULT_BATCH, categorical
 from chute.lazy import keras
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,10 @@ MIN_STEPS = 100
 """The fewest optimizer steps a run should take: a CNN trained from scratch for fewer
 is still far from what its data allow (benchmarks/bench_quality.py), whatever its
 BatchNorm statistics do."""
+
+SMALLEST_CHOSEN_BATCH = 16
+"""The smallest per-replica batch chute chooses itself: smaller ones make BatchNorm's
+batch statistics noisy and leave an accelerator mostly idle."""
 
 
 def make_optimizer(
@@ -124,6 +128,41 @@ def make_metrics(
     return ["accuracy", top(k=min(5, num_classes), name="top5")]
 
 
+def choose_batch_size(config: TrainConfig, *, train_examples: int, replicas: int) -> int:
+    """The per-replica batch of a run: ``config.batch_size`` when given; else
+    :data:`DEFAULT_BATCH`, halved (down to :data:`SMALLEST_CHOSEN_BATCH`) while a model
+    trained from scratch would take fewer than :data:`MIN_STEPS` optimizer steps (the
+    :func:`warn_if_short` threshold), the choice and its reason logged.
+
+    Example:
+        >>> choose_batch_size(TrainConfig(epochs=10), train_examples=480, replicas=1)
+        32
+        >>> choose_batch_size(TrainConfig(epochs=10, batch_size=128), train_examples=480,
+        ...                   replicas=1)
+        128
+    """
+    if config.batch_size is not None:  # given by hand: it wins (warn_if_short may warn)
+        return config.batch_size
+
+    def steps(batch: int) -> int:  # the last batch of an epoch is dropped
+        return train_examples // (batch * replicas) * config.epochs
+
+    batch = DEFAULT_BATCH
+    # A pretrained backbone's new head learns in far fewer steps: its batch stays.
+    while not config.pretrained and steps(batch) < MIN_STEPS and batch > SMALLEST_CHOSEN_BATCH:
+        batch = max(SMALLEST_CHOSEN_BATCH, batch // 2)
+    if batch != DEFAULT_BATCH:
+        per = "" if replicas == 1 else f" per replica x {replicas} replicas"
+        log.info(
+            "batch size %d, not %d: %d training images give %d optimizer steps in %d "
+            "epoch(s) of batches of %d%s, fewer than the %d %s needs to learn from scratch; "
+            "with %d, %d steps (--batch-size sets it)",
+            batch, DEFAULT_BATCH, train_examples, steps(DEFAULT_BATCH), config.epochs,
+            DEFAULT_BATCH, per, MIN_STEPS, config.model, batch, steps(batch),
+        )  # fmt: skip
+    return batch
+
+
 def warn_if_short(
     config: TrainConfig, steps_per_epoch: int, *, global_batch: int, train_examples: int
 ) -> bool:
@@ -142,7 +181,7 @@ def warn_if_short(
     if steps >= MIN_STEPS or config.pretrained:
         return False
     epochs = math.ceil(MIN_STEPS / steps_per_epoch)
-    replicas = max(1, global_batch // config.batch_size)
+    replicas = max(1, global_batch // (config.batch_size or global_batch))
     # the batch with which config.epochs epochs make MIN_STEPS steps (the last batch of
     # an epoch is dropped: a whole number of batches per epoch)
     batch = train_examples // math.ceil(MIN_STEPS / config.epochs) // replicas

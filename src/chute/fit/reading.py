@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from chute.fit.config import TrainConfig
 
 log = logging.getLogger(__name__)
+DEFAULT_BATCH = 128
+"""The per-replica batch when none is given and the data give enough steps with it."""
 
 # The LoadOptions that chute train sets on every split, each from the training option
 # named (None: from what the model, the devices and the split need). reading() sets
@@ -166,13 +168,20 @@ def _per_host_batch(config: TrainConfig, devices: Devices) -> int | None:
         return None
     if devices.processes > 1:
         # A JAX process feeds all its own devices: Keras assembles the processes' batches.
-        return config.batch_size * devices.devices_here
-    return config.batch_size
+        return per_replica_batch(config) * devices.devices_here
+    return per_replica_batch(config)
 
 
 def global_batch(config: TrainConfig, devices: Devices) -> int:
     """Per-replica batch × replicas in sync: what one training step consumes."""
-    return config.batch_size * devices.replicas
+    return per_replica_batch(config) * devices.replicas
+
+
+def per_replica_batch(config: TrainConfig) -> int:
+    """``config.batch_size``; :data:`DEFAULT_BATCH` where it is left to chute and not
+    chosen yet (``chute.train`` chooses it for the data before reading:
+    :func:`chute.fit.objective.choose_batch_size`)."""
+    return DEFAULT_BATCH if config.batch_size is None else config.batch_size
 
 
 def categorical(config: TrainConfig) -> bool:

@@ -40,6 +40,7 @@ from chute.fit import strategy as strategy_lib
 from chute.fit.config import TrainConfig
 from chute.fit.devices import Devices
 from chute.fit.objective import (
+    choose_batch_size,
     make_loss,
     make_metrics,
     make_optimizer,
@@ -157,6 +158,11 @@ def train(
         run_dir, overwrite=overwrite, processes=processes, started=started
     )
     devices = _devices(config)
+    # Chosen for the data once the replicas are known; from here on, the number itself.
+    batch = choose_batch_size(
+        config, train_examples=manifest.num_examples("train"), replicas=devices.replicas
+    )
+    config = dataclasses.replace(config, batch_size=batch)
     precision = _precision(config, devices)
     # on JAX, Keras's distribution is current for the whole run (fit splits each batch
     # over its devices); a tf.distribute strategy is entered where variables are made
@@ -205,7 +211,11 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
         "precision": config.precision,
         "augment": list(config.augment),
         "augment_on": config.augment_on,
-        "batch_size": config.batch_size,
+        # Left to chute, the batch follows from the training examples and the epochs:
+        # another number of epochs could choose another batch.
+        "batch_size": (
+            config.batch_size if config.batch_size is not None else f"auto, {config.epochs} epochs"
+        ),
         "engine": config.load.engine,
         # A sigmoid head has the softmax's shapes: only this tells the two runs apart.
         **({"label_mode": "multi"} if manifest.multi_label else {}),
