@@ -23,6 +23,7 @@ from ingest.test_parquet import _hf_metadata, _png, _write
 from object_stores import new_s3_bucket
 
 import chute
+from chute.errors import ChuteError
 from chute.format import storage
 
 pytest.importorskip("pyarrow")
@@ -137,3 +138,18 @@ def test_keys_with_an_empty_folder_name_in_a_bucket_folder_are_rejected_not_lost
     rejected = {entry["key"]: entry["reason"] for entry in manifest.rejects}
     assert set(rejected) == {"a//extra.png", "b/deeper//more.png"}, rejected
     assert all("empty folder name ('//')" in reason for reason in rejected.values())
+
+
+@pytest.mark.parametrize("inside", ["src/out", "src", "src//out/", "src/a/deeper"])
+def test_an_output_inside_a_bucket_source_is_refused_as_a_local_one_is(bucket, images, inside):
+    """#38 item 9: refused before anything is written (the lock object, made before the
+    scan, used to be read as a class 'out' of the source)."""
+    source = f"{bucket}/inside/src"
+    _upload(images, source)
+    before = storage.glob(f"{source}/**")
+    with pytest.raises(ChuteError, match="`output` must not be inside the source folder"):
+        chute.convert(f"{source}/", f"{bucket}/inside/{inside}", workers=1)
+    assert storage.glob(f"{source}/**") == before
+    # beside it, not inside: converted (a name that merely starts with the source's)
+    chute.convert(source, f"{bucket}/inside/src-out", workers=1)
+    assert chute.load_manifest(f"{bucket}/inside/src-out").class_names == ["a", "b", "c"]

@@ -194,6 +194,7 @@ def evaluate(
     """
     from chute.read.load import load
 
+    storage.check_locations(run_or_model=run_or_model, data=data, out_dir=out_dir)
     loaded = load_bundle(run_or_model)
     manifest = manifest_lib.load(data)
     _check_label_modes(loaded, manifest)

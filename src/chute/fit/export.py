@@ -67,7 +67,8 @@ def export(
         'kn-keras'
     """
     checks.one_of("format", format, FORMATS)
-    output = os.fspath(output)
+    storage.check_locations(run_or_bundle=run_or_bundle)
+    output = storage.check_location(output, "output")
     if format == "savedmodel" and not installed("tensorflow"):  # before any work or writing
         raise ChuteError(
             "A SavedModel export (format='savedmodel', the default) is TensorFlow's format "

@@ -197,6 +197,7 @@ def predict(
     if threshold is not None:
         checks.number_in("threshold", threshold, 0.0, 1.0, what="a number from 0 to 1")
     # The arguments before the bundle: loading a model is the slow part.
+    storage.check_locations(model_path=model_path, images=images)
     entries = _entries(images)
     bundle = load_bundle(model_path)
     if threshold is not None and not bundle.multi_label:

@@ -219,7 +219,7 @@ def load_bundle(path: str | os.PathLike | Bundle, *, compile: bool = False) -> B
     """
     if isinstance(path, Bundle):
         return path
-    directory = _find(os.fspath(path))
+    directory = _find(storage.check_location(path, "path"))
     meta = storage.join(directory, META_NAME)
     body = _parse_meta(storage.read_bytes(meta), meta)
     # An export (SavedModel) shares the chute.json name: refused with where to load it instead.

@@ -287,7 +287,7 @@ def load(path: str | os.PathLike | Manifest) -> Manifest:
     """
     if isinstance(path, Manifest):
         return path
-    directory, file = manifest_path(path)
+    directory, file = manifest_path(storage.check_location(path, "path"))
     if not storage.exists(file):
         hint = ""
         # A work folder without a manifest is an interrupted conversion, not a wrong path.

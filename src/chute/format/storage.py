@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,13 @@ from typing import IO, Any
 
 from chute.errors import ChuteError
 from chute.format import remote
+from chute.format.redaction import (  # noqa: F401 (re-exported: the storage layer's word)
+    LOG_FILTER,
+    redact,
+    redact_error,
+    redact_text,
+    redacting_errors,
+)
 from chute.lazy import tf
 
 _COPY_BLOCK = 8 << 20  # a file copied between two kinds of storage goes through in these
@@ -54,6 +62,84 @@ def tensorflow_opens(path: str) -> bool:
 def local_path(path: str) -> str:
     """``path`` without a ``file://`` prefix."""
     return path[len("file://") :] if path.startswith("file://") else path
+
+
+# A bucket or TensorFlow URL whose "//" went missing is a local path to Python ("s3:/b/x"
+# would make a folder "s3:"); these schemes are never the start of a sensible local name.
+_SLASHES_MISSING = re.compile(r"(s3a?|gs|gcs|az|abfss?|ram|memory|file|https?):(?!//)", re.I)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+
+
+def check_location(path: str | os.PathLike, name: str) -> str:
+    """``path`` as a string, once it names a place: a local path, or a URL with its
+    scheme and, in a bucket, the bucket (``s3://BUCKET/...``), elsewhere a path after
+    ``SCHEME://``. Called where a location enters chute, before anything is read or
+    written (``s3://`` alone would otherwise become a local folder ``s3:``).
+
+    Raises:
+        ChuteError: naming argument ``name`` and the value received (redacted).
+
+    Example:
+        >>> check_location("gs://my-bucket/shards", "output")
+        'gs://my-bucket/shards'
+    """
+    text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    if not isinstance(text, str) or not text.strip():
+        raise ChuteError(f"`{name}` must be a path or a URL. Received: {name}={path!r}")
+    shown = f"Received: {name}={redact(text)!r}"
+    if "://" not in text:
+        missing = _SLASHES_MISSING.match(text)
+        if missing:
+            scheme = missing.group(1).lower()
+            raise ChuteError(
+                f"`{name}` reads as a URL without its '//' (a local folder {scheme + ':'!r} "
+                f"would be made). {shown}; write {scheme}://..."
+            )
+        return text
+    scheme, rest = text.split("://", 1)
+    if not _SCHEME.fullmatch(scheme):
+        raise ChuteError(f"`{name}` must be a local path or a URL (SCHEME://...). {shown}")
+    if remote.object_store(text):
+        # abfs://container@account.dfs.core.windows.net/...: the container names the place
+        bucket = rest.split("/", 1)[0].split("@", 1)[0]
+        if not bucket:
+            word = "container" if scheme.lower() in ("az", "abfs", "abfss") else "bucket"
+            raise ChuteError(
+                f"`{name}` must name a {word}: {scheme}://{word.upper()}/PATH. {shown}"
+            )
+    # a user and password alone ("http://u:pw@") name no place either
+    elif not re.sub(r"^[^/?#]*@", "", rest).strip("/"):
+        raise ChuteError(f"`{name}` must name a path after '{scheme}://'. {shown}")
+    return text
+
+
+def check_locations(**named: Any) -> None:
+    """:func:`check_location` for each keyword argument that is a path, or a list or
+    tuple of paths (a loaded object or None is someone else's to check)."""
+    for name, value in named.items():
+        for path in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(path, str | os.PathLike):
+                check_location(path, name)
+
+
+def same_or_inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is folder ``folder`` or lies inside it, compared as normalised
+    locations: local paths resolved (symlinks, ``..``), URLs by scheme (``gcs`` is
+    ``gs``, ``s3a`` is ``s3``) and path without repeated or trailing ``/``. A local path
+    and a URL never nest."""
+    if is_local(path) != is_local(folder):
+        return False
+    if is_local(path):
+        inner, outer = (os.path.realpath(local_path(p)) for p in (path, folder))
+        return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+    inner, outer = _normal_url(path), _normal_url(folder)
+    return inner == outer or inner.startswith(outer + "/")
+
+
+def _normal_url(url: str) -> str:
+    scheme = {"gcs": "gs", "s3a": "s3"}.get(remote.scheme(url), remote.scheme(url))
+    rest = re.sub("/{2,}", "/", url.split("://", 1)[1]).strip("/")
+    return f"{scheme}://{rest}"
 
 
 def join(base: str, *parts: str) -> str:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from chute.ingest.beam import BeamJob
 
 log = logging.getLogger(__name__)
+log.addFilter(storage.LOG_FILTER)  # a source's URL is logged without its credentials
 
 PROBE_CHUNK = 256
 ENCODE_CHUNK = 64
@@ -88,6 +89,7 @@ class ConvertResult:
         return len(self.manifest.rejects)
 
 
+@storage.redacting_errors  # a source's credentials stay out of every error it raises
 def convert(
     source: str | os.PathLike,
     output: str | os.PathLike,
@@ -148,8 +150,11 @@ def convert(
     options = _options(options, option_values)
     workers = worker_pool.check_workers(workers)
     beam = _beam_job(runner, pipeline_args)  # checked (and Beam imported) before any work
+    # Checked before the trailing "/" goes: "s3://" would become a local folder "s3:".
+    source = storage.check_location(source, "source")
+    output = storage.check_location(output, "output")
     # A trailing slash would make two names for one output (and its lock); "/" stays itself.
-    source, output = os.fspath(source), os.fspath(output).rstrip("/") or "/"
+    output = output.rstrip("/") or "/"
     _check_not_inside(source, output)
     # Before the scan: what Beam's workers could not read or write is refused at once.
     if beam is not None:
@@ -236,16 +241,16 @@ def _beam_job(runner: str | None, pipeline_args: Sequence[str] | Any) -> BeamJob
 
 
 def _check_not_inside(source: str, output: str) -> None:
-    # Only two local paths can nest; a keras: name is no folder at all.
-    if source.startswith("keras:") or not (storage.is_local(source) and storage.is_local(output)):
+    # A keras: or hf: name is no folder at all. Locations compared normalised (a symlink,
+    # a relative path or a doubled "/" must not hide that output lies inside), in any
+    # store: in a bucket the lock object written before the scan would be read as a class.
+    if source.startswith(("keras:", "hf:")) or not storage.same_or_inside(output, source):
         return
-    # realpath: a symlink or a relative path must not hide that output lies inside.
-    src = os.path.realpath(storage.local_path(source))
-    out = os.path.realpath(storage.local_path(output))
-    if os.path.isdir(src) and (out == src or out.startswith(src + os.sep)):
+    # Asked only of a source that holds the output's name: in a bucket it is a request.
+    if storage.isdir(source):
         raise ChuteError(
             f"`output` must not be inside the source folder (it would be read as data). "
-            f"Received: output={output!r}, source={source!r}"
+            f"Received: output={storage.redact(output)!r}, source={storage.redact(source)!r}"
         )
 
 
@@ -502,7 +507,7 @@ def _start_writing(
         [s.name, [(items[i].key, _target(items[i])) for i in s.indices]] for s in plan.shards
     ]
     stamp = {
-        "source": plan.source,
+        "source": storage.redact(plan.source),  # stored: no credentials (as in the manifest)
         "options": plan.options.to_dict(),
         # A digest of which item goes to which shard: a kept shard must hold the same items.
         "layout": hashlib.sha256(json.dumps(assignment).encode()).hexdigest(),
@@ -649,7 +654,8 @@ def _manifest(plan: _Plan, written: _Tally) -> manifest_lib.Manifest:
         splits=splits,
         options=plan.options.to_dict(),
         source={
-            "location": plan.source,
+            # what the manifest keeps, inspect shows and a re-run compares: no credentials
+            "location": storage.redact(plan.source),
             "kind": found.kind,
             "fingerprint": fingerprint.hexdigest(),
             "num_items": len(found.items),

@@ -12,6 +12,7 @@ import os
 import statistics
 
 from chute.format import manifest as manifest_lib
+from chute.format import storage
 from chute.tools import labels as label_lib
 
 _LIST_CLASSES_UP_TO = 20
@@ -44,10 +45,12 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
         classes = f"{manifest.num_classes} labels (multi-label)"
     if manifest.weighted:
         classes += " with sample weights"
+    # redacted: a manifest written by an older chute may hold a source URL's credentials
+    source = storage.redact(str(manifest.source.get("location")))
     lines = [
-        f"{manifest.location}: {classes}, {size}, {spec.channels} "
+        f"{storage.redact(manifest.location)}: {classes}, {size}, {spec.channels} "
         f"channel(s), {spec.encoding} ({manifest.created_by})",
-        f"source: {manifest.source.get('location')} ({manifest.source.get('kind')}, "
+        f"source: {source} ({manifest.source.get('kind')}, "
         f"{manifest.source.get('num_items')} items)",
         "",
         f"{'split':<6} {'images':>8} {'shards':>7} {'MB/shard (min-max)':>19} "

@@ -338,7 +338,8 @@ def container_files(source: str | os.PathLike) -> list[str] | None:
 def source_identity(source: str | os.PathLike) -> str:
     """A source as the user named it, normalised, so that a re-run or resume recognises
     it however it is spelled: a local path made absolute (``src``, ``src/``,
-    ``./src`` and ``/abs/src`` are one), a remote one without a trailing ``/``;
+    ``./src`` and ``/abs/src`` are one), a remote one without a trailing ``/`` nor its
+    credentials (:func:`~chute.format.storage.redact`);
     ``hf:`` and ``keras:`` names as they are (never the folder a download went to);
     a name that is not UTF-8 escaped as keys are (:func:`text_key`).
 
@@ -353,4 +354,6 @@ def source_identity(source: str | os.PathLike) -> str:
         return source
     if storage.is_local(source):
         return text_key(os.path.abspath(storage.local_path(source)))
-    return text_key(source.rstrip("/") or source)
+    # Redacted: the identity is stored (plan, manifest); a re-run with the same place but
+    # another password or signature is the same source.
+    return text_key(storage.redact(source.rstrip("/") or source))

@@ -57,6 +57,7 @@ from chute.ingest.sources.base import (
 from chute.ingest.sources.members import ZIP, Member
 
 log = logging.getLogger(__name__)
+log.addFilter(storage.LOG_FILTER)  # a source named by URL is logged without its credentials
 
 ZIP_SUFFIXES = (".zip",)
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")

@@ -30,6 +30,7 @@ from chute.format import storage
 from chute.image.files import text_key
 
 log = logging.getLogger(__name__)
+log.addFilter(storage.LOG_FILTER)  # a source named by URL is logged without its credentials
 
 SPLITS = ("train", "val", "test")
 SPLIT_ALIASES = {"train": "train", "val": "val", "validation": "val", "test": "test"}

@@ -19,6 +19,7 @@ _EMPTY = (
     "an object key with an empty folder name ('//'), which a folder source cannot read: "
     "rename it without the '//'"
 )
+log.addFilter(storage.LOG_FILTER)  # a source named by URL is logged without its credentials
 
 
 def _subfolders(path: str) -> list[str]:

@@ -43,6 +43,7 @@ from chute.ingest.sources.base import (
 )
 
 log = logging.getLogger(__name__)
+log.addFilter(storage.LOG_FILTER)  # a source named by URL is logged without its credentials
 
 _PATH_HEADERS = ("path", "file", "filename", "filepath", "image")
 _LABEL_HEADERS = ("labels", "label", "class")

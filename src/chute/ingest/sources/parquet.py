@@ -62,6 +62,7 @@ from chute.ingest.sources.base import (
 from chute.ingest.sources.members import TAR, Member
 
 log = logging.getLogger(__name__)
+log.addFilter(storage.LOG_FILTER)  # a source named by URL is logged without its credentials
 
 EXTRA = "chute[hf]"
 BATCH_ROWS = 256  # rows read at a time: a few MB of images in memory, whatever the file

@@ -42,6 +42,7 @@ from chute.ingest.sources.base import LABEL_EXTENSIONS, ProgressFn, make_scratch
 from chute.ingest.sources.members import TAR, Member
 
 log = logging.getLogger(__name__)
+log.addFilter(storage.LOG_FILTER)  # a source named by URL is logged without its credentials
 
 UNPACK_RATIO = 1000  # a compressed tar expanding more than this much is a bomb ...
 UNPACK_FLOOR = 256 << 20  # ... once it expands beyond this

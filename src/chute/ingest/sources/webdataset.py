@@ -70,6 +70,7 @@ _INTEGER = re.compile(r"-?\d+")
 _NO_RULES = LabelRules()
 
 log = logging.getLogger(__name__)
+log.addFilter(storage.LOG_FILTER)  # a source named by URL is logged without its credentials
 
 
 def is_pattern(source: str) -> bool:
