@@ -205,19 +205,40 @@ class Shard:
     indices: list[int]
 
 
+def evaluation_min_shards(min_shards: int | None, records: int, train_records: int) -> int | None:
+    """An explicit ``min_shards`` as it applies to a val or test split of ``records``: the
+    train split's minimum scaled to the split's size, so its shards hold as many records
+    as the train split's (ImageNet's 50,000 val images at ``--min-shards 1024``: 40
+    shards, not 781). The minimum is for the train split's shuffled, interleaved reads;
+    an evaluation split is read once an epoch, in order, where more files only add opens.
+
+    Example:
+        >>> evaluation_min_shards(1024, 50_000, 1_281_167), evaluation_min_shards(None, 5, 9)
+        (40, None)
+    """
+    if min_shards is None or train_records <= 0:
+        return min_shards
+    return max(1, math.ceil(min_shards * records / train_records))
+
+
 def plan_shards(
     splits: dict[str, list[int]], bytes_per_record: float, options: ConvertOptions
 ) -> list[Shard]:
     """Every shard of every split, train first (the order the LeakGuard needs); val
-    and test shards keep :func:`evaluation_min_records` of the train split's."""
+    and test shards keep :func:`evaluation_min_records` of the train split's, and an
+    explicit ``min_shards`` applies to them scaled to their size
+    (:func:`evaluation_min_shards`)."""
     planned = []
     min_records = 0
+    train_records = len(splits.get("train", ()))
     for split, indices in splits.items():
         runs = shard_runs(
             len(indices),
             bytes_per_record,
             shard_size_mb=options.shard_size_mb,
-            min_shards=options.min_shards,
+            min_shards=options.min_shards
+            if split == "train"
+            else evaluation_min_shards(options.min_shards, len(indices), train_records),
             hosts=options.hosts,
             min_records=0 if split == "train" else min_records,
         )
