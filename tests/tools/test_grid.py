@@ -76,3 +76,21 @@ def test_a_refusal_part_way_through_a_bucket_shard_is_one_line(s3_endpoint, tmp_
     with pytest.raises(ChuteError, match=r"^No access to 's3://.*/shards/train-") as caught:
         grid.draw_grid(location, tmp_path / "grid.png", per_class=1)
     assert "\n" not in str(caught.value)
+
+
+def test_grid_captions_are_large_and_quote_names_that_are_numbers(tmp_path, monkeypatch):
+    src = make_folder(tmp_path / "src", {"11": 1, "2": 1, "cat": 1}, size=(8, 8))
+    chute.convert(src, tmp_path / "out", workers=1, val_fraction=0.0)
+    drawn = []
+    original = ImageDraw.ImageDraw.text
+
+    def text(self, xy, string, *args, **kwargs):
+        drawn.append((string, kwargs["font"].size))
+        return original(self, xy, string, *args, **kwargs)
+
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text", text)
+    grid.draw_grid(tmp_path / "out", tmp_path / "grid.png", per_class=1)
+    # folders "11" and "2" sort as text: class 0 is "11", class 1 is "2"
+    assert drawn == [('class 0: "11"', 18), ('class 1: "2"', 18), ("2: cat", 18)]
+    grid.draw_grid(tmp_path / "out", tmp_path / "small.png", per_class=1, cell=32)
+    assert drawn[-1] == ("2: cat", 10)  # a smaller cell, a smaller caption (10 at least)

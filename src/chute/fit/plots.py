@@ -1,8 +1,10 @@
 """Training pictures: loss and accuracy curves, the confusion of an evaluation, and the
 precision-recall curves of a multi-label one.
 
-The confusion is a heat map up to :data:`HEAT_MAP_CLASSES` classes, else the
-most confused pairs, each with a sample image of both classes. Class names are
+The confusion is a heat map up to :data:`HEAT_MAP_CLASSES` classes (the classes named
+along both axes, one colour scale with its counts marked), else the most confused
+pairs, each with a sample image of both classes. The curves have round values on their
+axes, a grid and the best model's epoch marked. Class names are
 drawn with the first font on the machine that has all their characters
 (Pillow's own font covers Latin; for Kannada, Devanagari, CJK and other
 scripts it looks for a system font that does). When no font can draw a name,
@@ -15,7 +17,10 @@ from __future__ import annotations
 import glob
 import io
 import logging
+import math
 import os
+import re
+import unicodedata
 from functools import cache
 
 import numpy as np
@@ -38,6 +43,22 @@ _FONT_DIRS = (
 _MISSING = "\U0010fffd"  # a private-use code point no font draws: its mask is .notdef's
 _CAPTION_SIZE = 14
 _COUNT_SIZE = 11  # the counts in the confusion's cells
+_NAME_ROOM = 160  # pixels a class name may take beside (or above) the confusion, then cut
+_GRID = "#e5e5e5"  # grid lines, under the curves
+_BEST = "#2ca02c"  # the best epoch's mark
+# Matplotlib's "Blues": one colour scale from few (near white) to many (dark blue).
+_BLUES = ((247, 251, 255), (222, 235, 247), (198, 219, 239), (158, 202, 225), (107, 174, 214),
+          (66, 146, 198), (33, 113, 181), (8, 81, 156), (8, 48, 107))  # fmt: skip
+# Scripts whose letters read at the caption's size; the others' are drawn larger.
+_PLAIN = ("LATIN", "GREEK", "CYRILLIC", "ARMENIAN")
+# A name that reads as a number (a folder "2") is quoted: "11: 2" would read as two numbers.
+_NUMBER = re.compile(r"[-+]?(\d+([.,]\d*)?|[.,]\d+)")
+# The curves: each metric's name, in the order of the panels.
+METRICS = {"loss": "loss", "accuracy": "accuracy", "top5": "top-5 accuracy",
+           "map": "mAP (PR-AUC estimate)"}  # fmt: skip
+# What picks a run's best model, as chute.fit.train chooses it: mAP for multi-label data,
+# else accuracy; on the val split when there is one.
+_MONITORS = ("val_map", "map", "val_accuracy", "accuracy")
 HEAT_MAP_CLASSES = 30  # the confusion is a heat map up to this many classes, else pairs
 _THUMB = 48  # side of a sample image next to a confused pair
 PR_LABELS = 10  # the precision-recall picture draws this many labels' curves at most
@@ -76,27 +97,101 @@ def covers(font, text: str) -> bool:
         return False
 
 
-def caption(label: int, name: str) -> tuple[str, ImageFont.ImageFont]:
-    """The caption and font for class ``label`` called ``name``.
+def caption(label: int, name: str, size: int = _CAPTION_SIZE) -> tuple[str, ImageFont.ImageFont]:
+    """The caption and font (of ``size`` pixels) for class ``label`` called ``name``.
 
-    Returns ``"label: name"`` in a font that can draw the name, or the label
-    index alone when no font on this machine can.
+    Returns ``"label: name"`` (``class label: "name"`` when the name is a number, so
+    that class 11 called "2" does not read "11: 2") in a font that can draw the name
+    (half as large again for scripts whose letters carry more detail than Latin's), or
+    the label index alone when no font on this machine can.
 
     Example:
         >>> caption(3, "cat")[0]
         '3: cat'
+        >>> caption(11, "2")[0]
+        'class 11: "2"'
     """
-    text = f"{label}: {name}"
+    text = f'class {label}: "{name}"' if _NUMBER.fullmatch(name.strip()) else f"{label}: {name}"
+    shown = size
+    if any(ch.isalpha() and unicodedata.name(ch, "").split(" ")[0] not in _PLAIN for ch in name):
+        # Letters of Kannada, Devanagari, CJK, ... carry more detail than Latin ones of
+        # the same height: at the Latin size ಅ and ಆ look alike.
+        shown = round(size * 1.5)
     # Pillow's own font first; then any system font that can draw the name (CJK, Kannada, ...).
     for path in (None, *_system_fonts()):
         try:
-            font = _font(path)
+            font = _font(path, shown)
         except OSError:
             continue
         if covers(font, text):
             return text, font
     log.info("no font here can draw class name %r; showing its label index", name)
-    return f"{label}", _font(None)
+    return f"{label}", _font(None, size)
+
+
+def _cut(text: str, font, room: float) -> str:
+    """``text``, cut with "..." to fit ``room`` pixels (a long name, one character a turn)."""
+    while font.getlength(text) > room and len(text) > 8:
+        text = text[:-4] + "..."
+    return text
+
+
+def _rotated(text: str, font) -> Image.Image:
+    """``text`` as a mask turned a quarter left (read from bottom to top, as a y axis's
+    label and a column's name are)."""
+    _, _, right, bottom = font.getbbox(text)
+    mask = Image.new("L", (max(1, int(right) + 2), max(1, int(bottom) + 2)), 0)
+    ImageDraw.Draw(mask).text((0, 0), text, fill=255, font=font)
+    return mask.rotate(90, expand=True)
+
+
+def axis_ticks(low: float, high: float, *, most: int = 6, whole: bool = False) -> list[float]:
+    """Round values 1, 2, 2.5 or 5 times a power of ten apart, from ``low`` or below to
+    ``high`` or above, ``most`` at most (``whole``: whole numbers only, for counts).
+
+    Example:
+        >>> axis_ticks(0.1, 0.955)
+        [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+        >>> axis_ticks(0, 37, whole=True)
+        [0.0, 10.0, 20.0, 30.0, 40.0]
+    """
+    # one value (a flat curve, one epoch; or two that differ in their last bits): a tick
+    # either side
+    if not high - low > 1e-9 * max(1.0, abs(low), abs(high)):
+        pad = abs(low) * 0.1 or 1.0
+        low, high = low - pad, high + pad
+    power = math.floor(math.log10((high - low) / most))
+    for exponent in range(power - 1, power + 3):
+        for mantissa in (1, 2, 2.5, 5):
+            step = mantissa * 10.0**exponent
+            if whole and step < 1:
+                continue
+            # the tolerance: 0.6 / 0.2 is 2.9999999999999996 in floats
+            first, last = math.floor(low / step + 1e-9), math.ceil(high / step - 1e-9)
+            if last - first < most:
+                return [round(k * step, 12) for k in range(first, last + 1)]
+    return [low, high]  # not reached: a step of 10**(power + 2) leaves one interval
+
+
+def tick_texts(ticks: list[float]) -> list[str]:
+    """The ticks as text, with as many decimals as tell them apart, all alike.
+
+    Example:
+        >>> tick_texts([0.0, 0.25, 0.5]), tick_texts([0.0, 10.0])
+        (['0.00', '0.25', '0.50'], ['0', '10'])
+    """
+    decimals = next(d for d in range(7) if all(abs(round(t, d) - t) < 1e-9 for t in ticks))
+    return [f"{t:.{decimals}f}" for t in ticks]
+
+
+def _shade(fraction: float) -> tuple[int, int, int]:
+    """The colour scale's colour for ``fraction`` (0: none, 1: the scale's top)."""
+    position = min(1.0, max(0.0, fraction)) * (len(_BLUES) - 1)
+    below = min(int(position), len(_BLUES) - 2)
+    share = position - below
+    return tuple(  # type: ignore[return-value]
+        round(a + (b - a) * share) for a, b in zip(_BLUES[below], _BLUES[below + 1], strict=True)
+    )
 
 
 def _canvas(width: int, height: int):
@@ -131,58 +226,99 @@ def epoch_ticks(epochs: int, *, most: int = 10) -> list[int]:
     return sorted({1, *range(step, epochs + 1, step)})
 
 
+def best_epoch(history: dict[str, list[float]]) -> tuple[str, int] | None:
+    """The metric that picks a run's best model (as :mod:`chute.fit.train` does: mAP for
+    multi-label data, else accuracy; on the val split when there is one) and its best
+    epoch, counted from 0; None when the history has neither.
+
+    Example:
+        >>> best_epoch({"accuracy": [0.5, 0.9], "val_accuracy": [0.6, 0.5]})
+        ('val_accuracy', 0)
+    """
+    monitor = next((name for name in _MONITORS if history.get(name)), None)
+    return None if monitor is None else (monitor, int(np.argmax(history[monitor])))
+
+
+def _dashed(draw, x: float, top: float, bottom: float, fill: str) -> None:
+    y = top
+    while y < bottom:
+        draw.line((x, y, x, min(bottom, y + 4)), fill=fill, width=2)
+        y += 8
+
+
 def draw_curves(history: dict[str, list[float]], out_png: str | os.PathLike) -> str:
-    """Training curves: loss and accuracy per epoch, training and validation, with
-    the epochs marked on the x axis (:func:`epoch_ticks`).
+    """Training curves, one panel per metric (loss; accuracy and top-5 accuracy, or a
+    multi-label run's mAP), training and validation, each panel named, with round
+    values on its y axis, a grid, the epochs on its x axis (:func:`epoch_ticks`), and
+    the epoch of the best model (:func:`best_epoch`) marked.
 
     Example:
         >>> draw_curves({"loss": [1.0, 0.5]}, "curves.png")  # doctest: +SKIP
         'curves.png'
     """
-    panels = [name for name in ("loss", "accuracy", "top5") if history.get(name)]
-    width, height, margin = 420, 300, 40
+    panels = [name for name in METRICS if history.get(name) or history.get(f"val_{name}")]
+    width, height, top, bottom = 420, 300, 48, 40
     image, draw = _canvas(width * max(1, len(panels)), height)
-    font = _font(None)
+    font, small = _font(None), _font(None, 12)
     colours = {"train": "#1f77b4", "val": "#d62728"}
+    best = best_epoch(history)
     for index, name in enumerate(panels):
         left = index * width
         series = {"train": history.get(name, []), "val": history.get(f"val_{name}", [])}
         values = [v for s in series.values() for v in s]
-        low, high = min(values), max(values)
-        # A flat curve (one epoch, or a constant) would otherwise divide by zero.
-        span = (high - low) or 1.0
+        ticks = axis_ticks(min(values), max(values), most=7)
+        texts = tick_texts(ticks)
+        # room for the y axis's values, beside the box
+        margin = max(40, max(int(font.getlength(text)) for text in texts) + 10)
         epochs = max(len(s) for s in series.values())
-        box = (left + margin, margin, left + width - 15, height - margin)
+        box = (left + margin, top, left + width - 15, height - bottom)
 
         def x_of(i: int, box=box, epochs=epochs) -> float:  # i counted from 0
             return box[0] + (box[2] - box[0]) * (i / max(1, epochs - 1))
 
-        draw.rectangle(box, outline="black")
-        draw.text((left + margin, 10), f"{name} per epoch", fill="black", font=font)
-        draw.text((left + 5, margin), f"{high:.3g}", fill="black", font=font)
-        draw.text((left + 5, height - margin - 14), f"{low:.3g}", fill="black", font=font)
+        def y_of(value: float, box=box, ticks=ticks) -> float:
+            return box[3] - (box[3] - box[1]) * (value - ticks[0]) / (ticks[-1] - ticks[0])
+
+        # the grid first, under the curves; the y values right of the box's left edge end
+        # above the x axis's "1" (centred on their line, the lowest one's on the axis)
+        for tick, text in zip(ticks, texts, strict=True):
+            y = y_of(tick)
+            draw.line((box[0], y, box[2], y), fill=_GRID)
+            draw.line((box[0] - 4, y, box[0], y), fill="black")
+            draw.text((box[0] - 6, y), text, fill="black", font=font, anchor="rm")
         for epoch in epoch_ticks(epochs):
             x = x_of(epoch - 1)
+            draw.line((x, box[1], x, box[3]), fill=_GRID)
             draw.line((x, box[3], x, box[3] + 4), fill="black")
             draw.text((x, box[3] + 6), str(epoch), fill="black", font=font, anchor="mt")
+        draw.rectangle(box, outline="black")
+        draw.text((left + margin, 8), f"{METRICS[name]} per epoch", fill="black", font=font)
         draw.text(((box[0] + box[2]) / 2, box[3] + 22), "epoch", fill="black", font=font,
                   anchor="mt")  # fmt: skip
         legend_x = box[2]
         for label in ("val", "train"):  # top right, right to left
             if series[label]:
-                draw.text((legend_x, 10), label, fill=colours[label], font=font, anchor="ra")
+                draw.text((legend_x, 8), label, fill=colours[label], font=font, anchor="ra")
                 legend_x -= int(font.getlength(label)) + 10
+        if best is not None:
+            monitor, at = best
+            x = x_of(at)
+            _dashed(draw, x, box[1], box[3], _BEST)
+            note = f"best model: epoch {at + 1}"
+            if monitor.removeprefix("val_") == name:  # the panel of the metric that picks it
+                note += f", {monitor} {history[monitor][at]:.3g}"
+            draw.text((box[2], 28), note, fill=_BEST, font=small, anchor="ra")
         for label, points in series.items():
             if not points:
                 continue
-            xy = [
-                (x_of(i), box[3] - (box[3] - box[1]) * ((v - low) / span))
-                for i, v in enumerate(points)
-            ]
+            xy = [(x_of(i), y_of(v)) for i, v in enumerate(points)]
             if len(xy) > 1:
                 draw.line(xy, fill=colours[label], width=2)
             for x, y in xy:
                 draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=colours[label])
+        if best is not None and best[0] == f"{'val_' if series['val'] else ''}{name}":
+            x, y = x_of(best[1]), y_of(history[best[0]][best[1]])
+            draw.ellipse((x - 6, y - 6, x + 6, y + 6), outline=_BEST, width=2)
     return save_png(image, out_png)
 
 
@@ -205,8 +341,9 @@ def draw_confusion(
     max_classes: int = HEAT_MAP_CLASSES,
     samples: dict | None = None,
 ) -> str:
-    """The confusion matrix as a heat map, each cell with its count and a colour
-    scale beside it; with more than ``max_classes`` classes, the most confused
+    """The confusion matrix as a heat map: the classes named along both axes (the
+    columns' names upright), each cell with its count, one colour scale with its
+    counts marked beside it; with more than ``max_classes`` classes, the most confused
     pairs, each with a sample image of both classes when ``samples`` (label ->
     HxWxC uint8 image) has them.
 
@@ -235,60 +372,74 @@ def draw_confusion(
                         (thumb, thumb), Image.Resampling.NEAREST
                     )
                     image.paste(picture, (10 + column * (thumb + 6), top))
-            text_true, font_true = caption(names.index(true), true)
-            text_pred, _ = caption(names.index(predicted), predicted)
-            draw.text(
-                (10 + 2 * (thumb + 6) + 10, top + thumb / 2),
-                f"{text_true}  ->  {text_pred}   x{times}",
-                fill="black",
-                font=font_true,
-                anchor="lm",
+            # Each part in its own font: one that draws a Kannada name may lack Latin letters.
+            x, plain = 10 + 2 * (thumb + 6) + 10, _font(None)
+            parts = (
+                caption(names.index(true), true),
+                ("  ->  ", plain),
+                caption(names.index(predicted), predicted),
+                (f"   x{times}", plain),
             )
+            for text, face in parts:
+                draw.text((x, top + thumb / 2), text, fill="black", font=face, anchor="lm")
+                x += face.getlength(text)
         return save_png(image, out_png)
     size, matrix = len(names), report.confusion_matrix().tolist()
     peak = max(1, max(max(row) for row in matrix))
-    counts = _font(None, _COUNT_SIZE)
-    # each cell shows its count: wide enough for the largest
-    cell = max(22, int(counts.getlength(str(peak))) + 6)
-    left, top, bar = 170, 30, 14
+    # One colour scale for every cell, from 0 to a round count at or above the largest.
+    scale = axis_ticks(0, peak, whole=True)
+    counts, font = _font(None, _COUNT_SIZE), _font(None)
+    captions = [caption(i, name) for i, name in enumerate(names)]
+    # each cell shows its count (wide enough for the largest) beside its row's name and
+    # below its column's (as high and as wide as the tallest name)
+    tallest = max(face.getbbox(text)[3] - face.getbbox(text)[1] for text, face in captions)
+    cell = max(22, int(counts.getlength(str(peak))) + 6, int(tallest) + 6)
+    captions = [(_cut(text, face, _NAME_ROOM), face) for text, face in captions]
+    rows_width = max(int(face.getlength(text)) for text, face in captions)
+    columns = [_rotated(text, face) for text, face in captions]  # the same names, upright
+    title = f"confusion ({report.split}): how often each class (row) was predicted as each (column)"
+    true_label, predicted_label = _rotated("true class", font), "predicted class"
+    left = 6 + true_label.width + 8 + rows_width + 8
+    top = 28 + 20 + max(column.height for column in columns) + 6
     matrix_side = cell * size
-    scale_height = max(matrix_side, 80)  # the colour scale, beside the matrix
-    scale_left = left + matrix_side + 16
-    title = f"confusion ({report.split}): rows true, columns predicted; blue right, red wrong"
+    bar_left, bar, bar_height = left + matrix_side + 20, 16, max(matrix_side, 100)
+    texts = tick_texts(scale)
     image, draw = _canvas(
         max(
-            scale_left + 2 * bar + 8 + int(_font(None).getlength(str(peak))) + 10,
-            5 + int(_font(None).getlength(title)) + 10,
+            bar_left + bar + 10 + max(int(font.getlength(text)) for text in texts) + 10,
+            6 + int(font.getlength(title)) + 10,
         ),
-        top + scale_height + 10,
+        top + bar_height + 10,
     )
-
-    def colour(count: float, right: bool) -> tuple[int, int, int]:
-        shade = 255 - int(255 * count / peak)
-        return (shade, shade, 255) if right else (255, shade, shade)
-
+    draw.text((6, 6), title, fill="black", font=font)
+    draw.text((left + matrix_side / 2, 28), predicted_label, fill="black", font=font, anchor="mt")
+    image.paste("black", (6, top + (matrix_side - true_label.height) // 2), true_label)
     for i, row in enumerate(matrix):
-        text, font = caption(i, names[i])
-        draw.text((5, top + i * cell + cell / 2), text, fill="black", font=font, anchor="lm")
+        text, face = captions[i]
+        draw.text((left - 8, top + i * cell + cell / 2), text, fill="black", font=face, anchor="rm")
+        column = columns[i]
+        x = left + i * cell + (cell - column.width) // 2
+        image.paste("black", (x, top - 6 - column.height), column)
         for j, count in enumerate(row):
-            fill = colour(count, i == j)
+            fill = _shade(count / scale[-1])
             x, y = left + j * cell, top + i * cell
             draw.rectangle((x, y, x + cell - 1, y + cell - 1), fill=fill, outline="#dddddd")
             # White on a dark cell, black on a light one; zeros greyed so the errors stand out.
-            ink = "#bbbbbb" if count == 0 else ("white" if min(fill) < 128 else "black")
+            ink = "#bbbbbb" if count == 0 else ("white" if sum(fill) < 3 * 128 else "black")
             draw.text((x + cell / 2, y + cell / 2), str(count), fill=ink, font=counts,
                       anchor="mm")  # fmt: skip
-    # The colour scale: one bar for the diagonal (right), one for the rest (wrong),
-    # from 0 at the bottom to the largest count at the top.
-    for y in range(scale_height):
-        count = peak * (scale_height - 1 - y) / max(1, scale_height - 1)
-        for k, right in enumerate((True, False)):
-            x = scale_left + k * (bar + 2)
-            draw.line((x, top + y, x + bar - 1, top + y), fill=colour(count, right))
-    labels_x = scale_left + 2 * bar + 8
-    draw.text((labels_x, top), str(peak), fill="black", font=_font(None), anchor="lt")
-    draw.text((labels_x, top + scale_height), "0", fill="black", font=_font(None), anchor="lb")
-    draw.text((5, 8), title, fill="black", font=_font(None))
+    # The colour scale: from 0 at the bottom to the top tick at the top, each tick marked.
+    for y in range(bar_height):
+        draw.line(
+            (bar_left, top + y, bar_left + bar - 1, top + y),
+            fill=_shade((bar_height - 1 - y) / max(1, bar_height - 1)),
+        )
+    draw.rectangle((bar_left, top, bar_left + bar - 1, top + bar_height - 1), outline="#999999")
+    for tick, text in zip(scale, texts, strict=True):
+        y = top + (bar_height - 1) * (1 - tick / scale[-1])
+        draw.line((bar_left + bar, y, bar_left + bar + 4, y), fill="black")
+        draw.text((bar_left + bar + 7, y), text, fill="black", font=font, anchor="lm")
+    draw.text((bar_left, top - 12), "images", fill="black", font=font, anchor="lb")
     return save_png(image, out_png)
 
 
@@ -334,7 +485,10 @@ def draw_precision_recall(
     shown = [i for i in np.argsort(-support, kind="stable")[:max_labels] if support[i] > 0]
     font = _font(None)
     side, left, top, legend_x = 380, 50, 52, 460
-    image, draw = _canvas(760, max(top + side + 40, top + 20 * (len(shown) + 2)))
+    captions = [caption(int(label), class_names[label]) for label in shown]
+    # a legend row as high as its tallest name (Kannada, CJK are drawn larger)
+    step = max(20, *(face.getbbox(text)[3] - face.getbbox(text)[1] + 6 for text, face in captions))
+    image, draw = _canvas(760, max(top + side + 40, top + step * (len(shown) + 2)))
     box = (left, top, left + side, top + side)
 
     def xy(r: float, p: float) -> tuple[float, float]:
@@ -359,7 +513,7 @@ def draw_precision_recall(
     draw.text((5, 6), title, fill="black", font=font)
     entries = []  # (colour, line width, caption and its font, recall, precision, AP)
     for n, label in enumerate(shown):
-        text, caption_font = caption(int(label), class_names[label])
+        text, caption_font = captions[n]
         curve = precision_recall_curve(y_true[:, label], scores[:, label])
         entries.append((_PALETTE[n % len(_PALETTE)], 2, text, caption_font, *curve, ap[label]))
     recall, precision = precision_recall_curve(y_true.ravel(), scores.ravel())
@@ -368,12 +522,12 @@ def draw_precision_recall(
     for row, (colour, width, text, caption_font, recall, precision, figure) in enumerate(entries):
         if len(recall):
             draw.line([xy(r, p) for r, p in _steps(recall, precision)], fill=colour, width=width)
-        y = top + 20 * row
+        y = top + step * row
         draw.line((legend_x, y + 7, legend_x + 20, y + 7), fill=colour, width=width)
         room = image.width - 80 - (legend_x + 26)  # up to the AP figure
         while caption_font.getlength(text) > room and len(text) > 8:
             text = text[:-4] + "..."  # a long name is cut, one character a turn
-        draw.text((legend_x + 26, y), text, fill="black", font=caption_font)
+        draw.text((legend_x + 26, y + 7), text, fill="black", font=caption_font, anchor="lm")
         ap_text = "AP -" if np.isnan(figure) else f"AP {figure:.3f}"
-        draw.text((image.width - 10, y), ap_text, fill="black", font=font, anchor="ra")
+        draw.text((image.width - 10, y + 7), ap_text, fill="black", font=font, anchor="rm")
     return save_png(image, out_png)

@@ -4,7 +4,8 @@ A multi-label dataset gets one row per label, of images carrying that label (an
 image carrying several shows in each of their rows), under a title that says so.
 
 Class names are captioned as in the training pictures (:func:`chute.fit.plots.caption`):
-in a font on the machine that can draw them, else with the label index alone.
+in a font on the machine that can draw them, else with the label index alone; a name
+that is a number is quoted (``class 11: "2"``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from chute.tools import labels
 
 log = logging.getLogger(__name__)
 _TITLE_HEIGHT = 24  # the title row: drawn when some classes are left out, or multi-label
+_CAPTION_SHARE = 0.28  # a caption's font size, as a share of a row's height (18 of 64 px)
 
 
 def _samples(manifest: manifest_lib.Manifest, split: str, classes: list[int], per_class: int):
@@ -88,8 +90,11 @@ def draw_grid(
         {round(i * (manifest.num_classes - 1) / max(1, count - 1)) for i in range(count)}
     )
     samples = _samples(manifest, split, classes, per_class)
-    captions = [caption(label, manifest.class_names[label]) for label in classes]
-    text_width = max(int(font.getlength(text)) for text, font in captions) + 12
+    # Names large enough to tell apart at a glance in any script (caption() draws those
+    # whose letters carry more detail, Kannada, CJK, ..., half as large again)
+    size = max(10, round(cell * _CAPTION_SHARE))
+    captions = [caption(label, manifest.class_names[label], size) for label in classes]
+    text_width = max(int(font.getlength(text)) for text, font in captions) + 18
     width, title_height = text_width + per_class * (cell + 2), 0
     title = None
     if manifest.multi_label:  # a row is not a class: the title says what a row holds
