@@ -113,3 +113,35 @@ def test_host_augmentation_and_a_disk_cache_keep_the_weights_apart(multi_label_d
         ds = chute.load(multi_label_data, "train", batch_size=8, cache=cache,
                         sample_weights=weights, seed=1)  # fmt: skip
         assert all(len(batch) == (3 if weights else 2) for batch in ds)
+
+
+@pytest.mark.parametrize("weights", [False, True])
+def test_label_rows_travel_packed_8_labels_a_byte_and_unpack_exactly(weights):
+    """A float32 a label would make each cached, shuffled record's row 40 KB for 10,000
+    labels (4 GB for 100,000 images): rows travel as bits, the weight as its own 4 bytes,
+    and come out of the batch as the exact 0/1 rows and weights."""
+    import types
+
+    import tensorflow as tf
+
+    from chute.format import records
+    from chute.read.tf import shards
+    from chute.read.tf.finish import labelled
+
+    num_labels, lists = 10_001, [[0, 7, 8, 10_000], [], [5000]]
+    indices = [[row, label] for row, labels in enumerate(lists) for label in labels]
+    parsed = {
+        records.LABELS: tf.sparse.SparseTensor(indices, [label for _, label in indices], (3, 5)),
+        records.WEIGHT: tf.constant([0.5, 2.0, 1e-3], tf.float32),
+    }
+    plan = types.SimpleNamespace(multi_label=True, num_classes=num_labels, weights=weights,
+                                 label_mode="categorical", shape=(2, 2, 1))  # fmt: skip
+    rows = shards.targets(plan, parsed)
+    assert rows.dtype == tf.uint8 and rows.shape == (3, 1251 + 4 * weights)
+    out = labelled(plan, tf.zeros((3, 2, 2, 1), tf.uint8), rows)
+    expected = np.zeros((3, num_labels), np.float32)
+    for row, labels in enumerate(lists):
+        expected[row, labels] = 1
+    np.testing.assert_array_equal(out[1].numpy(), expected)
+    if weights:
+        np.testing.assert_array_equal(out[2].numpy(), np.float32([0.5, 2.0, 1e-3]))  # exact

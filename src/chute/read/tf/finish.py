@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from chute.lazy import tf
 from chute.read.augment import DeviceAugmentation
+from chute.read.tf import shards
 from chute.read.tf.plan import ReadPlan
 
 
@@ -20,14 +21,15 @@ def labelled(plan: ReadPlan, images, labels):
     if plan.label_mode is None:
         return images
     rest = ()
-    if plan.multi_label or plan.weights:  # float rows: labels, then the weight (see shards)
-        width = (plan.num_classes if plan.multi_label else 1) + plan.weights
-        labels = tf.ensure_shape(labels, (None, width))
+    if plan.multi_label:  # packed label bits, then the weight's bytes (see shards.targets)
+        width = shards.packed_width(plan.num_classes)
+        labels = tf.ensure_shape(labels, (None, width + 4 * plan.weights))
         if plan.weights:
-            labels, rest = labels[:, :-1], (labels[:, -1],)
-        if plan.multi_label:
-            return images, labels, *rest
-        labels = tf.cast(labels[:, 0], tf.int64)
+            labels, rest = labels[:, :width], (tf.bitcast(labels[:, width:], tf.float32),)
+        return images, shards.unpacked(labels, plan.num_classes), *rest
+    if plan.weights:  # float rows: the class, then the weight (see shards.targets)
+        labels = tf.ensure_shape(labels, (None, 2))
+        labels, rest = tf.cast(labels[:, 0], tf.int64), (labels[:, 1],)
     labels = tf.ensure_shape(labels, (None,))
     if plan.label_mode == "int":
         return images, tf.cast(labels, tf.int32), *rest

@@ -112,15 +112,22 @@ def shard_blocks(plan: ReadPlan, names, expected, corrupt):
 
 
 def targets(plan: ReadPlan, parsed: dict):
-    """A block's labels as one tensor a record: the class (int64, as ever), or, for a
-    multi-label dataset or with sample weights, float32 rows of the multi-hot labels
-    (or the class) and then the weight (one tensor, so every later step that gathers,
-    shuffles or batches labels carries them unchanged; :func:`.finish.labelled` splits
-    them)."""
+    """A block's labels as one tensor a record: the class (int64, as ever); with sample
+    weights, float32 rows of the class and then the weight; for a multi-label dataset,
+    uint8 rows of the labels' bits (:func:`packed_width` bytes) and then the weight's
+    four bytes (one tensor, so every later step that gathers, shuffles, caches or batches
+    labels carries them unchanged; :func:`.finish.labelled` unpacks them)."""
     if plan.multi_label:
-        # the sparse label lists become a 0/1 row per record, of static width
-        labels = tf.sparse.to_indicator(parsed[records.LABELS], plan.num_classes)
-        labels = tf.cast(labels, tf.float32)
+        # A bit a label, 8 to a byte: a float32 a label would make each record's row 40 KB
+        # for 10,000 labels (4 GB in the RAM cache and the shuffle buffer for 100,000 images).
+        width = packed_width(plan.num_classes)
+        bits = tf.sparse.to_indicator(parsed[records.LABELS], width * 8)
+        bits = tf.reshape(tf.cast(bits, tf.int32), (-1, width, 8))
+        labels = tf.cast(tf.reduce_sum(bits * _BIT_VALUES, axis=-1), tf.uint8)
+        if plan.weights:  # the float32 weight's own bytes
+            weight = tf.bitcast(tf.cast(parsed[records.WEIGHT], tf.float32), tf.uint8)
+            labels = tf.concat([labels, weight], axis=1)
+        return labels
     else:
         labels = parsed[records.CLASS]
         if not plan.weights:
@@ -129,6 +136,28 @@ def targets(plan: ReadPlan, parsed: dict):
     if plan.weights:
         labels = tf.concat([labels, parsed[records.WEIGHT][:, None]], axis=1)
     return labels
+
+
+_BIT_VALUES = (128, 64, 32, 16, 8, 4, 2, 1)  # the bits of a byte, the first label highest
+
+
+def packed_width(num_labels: int) -> int:
+    """The bytes of a multi-label record's packed label bits (8 labels a byte).
+
+    Example:
+        >>> packed_width(10_000), packed_width(9)
+        (1250, 2)
+    """
+    return -(-num_labels // 8)
+
+
+def unpacked(rows, num_labels: int):
+    """Packed label bytes (``(batch, packed_width)`` uint8) as ``(batch, num_labels)``
+    float32 0/1 rows: what :func:`targets` packed."""
+    masks = tf.constant(_BIT_VALUES, tf.uint8)
+    bits = tf.bitwise.bitwise_and(tf.expand_dims(rows, -1), masks) > 0
+    bits = tf.reshape(bits, (-1, packed_width(num_labels) * 8))[:, :num_labels]
+    return tf.cast(bits, tf.float32)
 
 
 def _check(condition, message):
