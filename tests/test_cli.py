@@ -233,6 +233,38 @@ def test_progress_bars_are_closed_when_a_command_fails(monkeypatch):
     assert closed == [False]
 
 
+# Every command's location arguments, each given a URL that names no place (#38 item 4).
+_NO_PLACE = {
+    "convert source": (["convert", "{url}", "out"], "source"),
+    "convert output": (["convert", "imgs", "{url}"], "output"),
+    "inspect": (["inspect", "{url}"], "path"),
+    "verify": (["verify", "{url}"], "path"),
+    "index": (["index", "{url}"], "path"),
+    "train data": (["train", "{url}", "--run-dir", "run"], "data"),
+    "train run_dir": (["train", "ds", "--run-dir", "{url}"], "run_dir"),
+    "evaluate model": (["evaluate", "{url}", "ds"], "run_or_model"),
+    "evaluate data": (["evaluate", "run", "{url}"], "data"),
+    "predict model": (["predict", "{url}", "a.png"], "model_path"),
+    "predict images": (["predict", "run", "{url}"], "images"),
+    "export model": (["export", "{url}", "--output", "out", "--format", "keras"], "run_or_bundle"),
+    "export output": (["export", "run", "--output", "{url}", "--format", "keras"], "output"),
+}
+
+
+@pytest.mark.parametrize("url", ["s3://", "gs://", "s3:/bkt/x", "file://"])
+@pytest.mark.parametrize("case", list(_NO_PLACE))
+def test_a_url_that_names_no_place_is_refused_naming_the_argument(tmp_path, monkeypatch, case, url):
+    make_folder(tmp_path / "imgs", {"a": 2, "b": 2})
+    monkeypatch.chdir(tmp_path)  # where "s3://" used to become a folder "s3:"
+    args, name = _NO_PLACE[case]
+    done = run_here(*[arg.replace("{url}", url) for arg in args])
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("chute ")]
+    assert len(errors) == 1, done.stderr
+    assert f"`{name}`" in errors[0] and f"Received: {name}={url!r}" in errors[0], errors[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]  # nothing written
+
+
 def test_only_chutes_own_notes_are_shown_other_libraries_warnings_too(shared_dataset, monkeypatch):
     real = cli._inspect
 

@@ -156,6 +156,14 @@ def _add_verify(commands) -> None:
     )
     verify.add_argument("path", metavar="OUT")
     verify.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    verify.add_argument(
+        "--cache-dir",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="also hash the copies of this dataset's files that the shard cache DIR holds "
+        "(default: the default shard cache), deleting the damaged ones",
+    )
 
 
 def _add_index(commands) -> None:
@@ -410,14 +418,15 @@ def _convert(args: argparse.Namespace) -> int:
     manifest = result.manifest
     if result.already_done:
         print(
-            f"{args.output} already holds this conversion (same source and options): nothing to do."
+            f"{_shown(args.output)} already holds this conversion (same source and options): "
+            "nothing to do."
         )
         return 0
     total = sum(result.num_written.values())
     rate = total / result.seconds if result.seconds else 0.0
     on = f" on Beam's {args.runner}" if args.runner else ""
     print(
-        f"converted {args.source} -> {args.output}{on} in {result.seconds:.1f} s "
+        f"converted {_shown(args.source)} -> {_shown(args.output)}{on} in {result.seconds:.1f} s "
         f"({rate:,.0f} images/s)"
     )
     print(f"  {_labels_headline(manifest)}, {manifest.image.describe()}")
@@ -429,7 +438,7 @@ def _convert(args: argparse.Namespace) -> int:
     if result.resumed_shards:
         print(f"  resumed: {result.resumed_shards} shard(s) kept from the interrupted run")
     print(
-        f"  rejected {result.num_rejected} input(s) (listed in {args.output}/rejects.csv); "
+        f"  rejected {result.num_rejected} input(s) (listed in {_shown(args.output)}/rejects.csv); "
         f"{len(manifest.duplicates)} duplicate group(s)"
     )
     return 0
@@ -446,6 +455,13 @@ def _val_note(args: argparse.Namespace, manifest: Any, split: Any) -> str:
     if missing:
         note += f"; {missing} of {manifest.num_classes} classes have none"
     return note
+
+
+def _shown(text: str) -> str:
+    """``text`` (a location, a summary, an error) as printed: URLs without credentials."""
+    from chute.format.storage import redact_text
+
+    return redact_text(text)
 
 
 # Images: above, reading every label back to count the negatives would hold the summary up.
@@ -529,7 +545,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         from chute.format.manifest import load
 
-        print(load(args.path).to_json(), end="")
+        print(_shown(load(args.path).to_json()), end="")  # a manifest from an older chute
     else:
         from chute.tools.inspect import inspect
 
@@ -548,9 +564,19 @@ def _over_dataset(tool: Callable[..., Any], args: argparse.Namespace, command: s
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from chute.read.cache import default_directory
     from chute.tools.verify import verify
 
-    report = _over_dataset(verify, args, "verify")
+    cache_dir = None if args.cache_dir is None else args.cache_dir or default_directory()
+    report = _over_dataset(lambda *a, **k: verify(*a, cache_dir=cache_dir, **k), args, "verify")
+    if report.cache_dir is not None:  # the cache's damaged copies are gone: not the dataset's
+        print(
+            f"shard cache {report.cache_dir}: {report.cached_copies} cached copies of "
+            f"{args.path}'s files checked, {len(report.evicted)} damaged (deleted, fetched "
+            "again when read)"
+        )
+        for name, copy in report.evicted:
+            print(f"  DAMAGED copy of {name}: {copy} (deleted)")
     if report.ok:
         print(
             f"ok: {report.num_shards} shards, {report.num_records} records match the manifest "
@@ -620,7 +646,7 @@ def _train(args: argparse.Namespace) -> int:
         else ("val accuracy", result.best_val_accuracy)
     )
     best = "n/a (no val split)" if value is None else f"{value:.4f}"
-    print(f"trained {config.model} on {args.data} -> {result.run_dir}")
+    print(f"trained {config.model} on {_shown(args.data)} -> {_shown(result.run_dir)}")
     print(
         f"  best {name} {best}; {result.epochs_run} epoch(s), "
         f"{result.seconds_per_epoch:.1f} s/epoch, {result.images_per_second:,.0f} images/s"
@@ -820,7 +846,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_tensorflow(args.verbose)
     level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="chute: %(message)s")
+    from chute.format.storage import LOG_FILTER
+
+    # every line shown, any library's: a URL's credentials never reach the terminal
     for shown in logging.getLogger().handlers:
+        shown.addFilter(LOG_FILTER)
         # "chute: " lines are chute's: another library's notes (botocore's "Found
         # credentials in environment variables") only with -v, its warnings always
         shown.addFilter(_OwnNotes(args.verbose))
@@ -843,16 +873,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except ChuteError as error:
-        print(f"chute {args.command}: error: {error}", file=sys.stderr)
+        print(f"chute {args.command}: error: {_shown(str(error))}", file=sys.stderr)
         return 2
     except OSError as error:  # a path the user gave cannot be read or written
-        print(f"chute {args.command}: error: {error}", file=sys.stderr)
+        print(f"chute {args.command}: error: {_shown(str(error))}", file=sys.stderr)
         return 1
     except Exception as error:
         # TensorFlow's file errors (tf.errors.NotFoundError, PermissionDeniedError, ...)
         # are not OSErrors; they too are about a path the user gave.
         if type(error).__module__.startswith("tensorflow") and hasattr(error, "message"):
-            print(f"chute {args.command}: error: {error.message}", file=sys.stderr)
+            print(f"chute {args.command}: error: {_shown(error.message)}", file=sys.stderr)
             return 1
         raise
     # 130 = 128 + SIGINT, the status a shell gives a command stopped by Ctrl-C.

@@ -145,6 +145,60 @@ def test_a_run_from_before_started_json_resumes_as_it_did(tmp_path):
     assert same.resumed and (tmp_path / "new" / "backup").is_dir()  # same options: resumed
 
 
+class _Stop(Exception):
+    pass
+
+
+def test_an_interrupted_run_is_not_resumed_on_a_dataset_converted_again(tmp_path, monkeypatch,
+                                                                         caplog):  # fmt: skip
+    """The same classes, converted again with fewer images: the backup's position is in an
+    order that no longer exists, so the run is refused, saying what changed (the CLI with
+    exit code 2); ``--overwrite`` starts afresh. A run dir that recorded no data (an older
+    chute) resumes as it did, said in the log."""
+    src, data, run = tmp_path / "src", tmp_path / "data", tmp_path / "run"
+    chute.convert(make_folder(src, dict.fromkeys("abc", 16), size=(16, 16)), data,
+                  image_size=16, val_fraction=0.25, workers=1)  # fmt: skip
+    with monkeypatch.context() as patch:  # started.json written, then stopped before training
+        patch.setattr(training, "_devices", lambda config: (_ for _ in ()).throw(_Stop()))
+        with pytest.raises(_Stop):
+            chute.train(data, run, **FAST)
+    started = json.loads((run / "started.json").read_text())
+    assert started["data"]["train"]["examples"] == 36 and started["data"]["val"]["shards"] == 1
+    (run / "backup").mkdir()  # killed mid-run: a backup to resume from
+    shutil.rmtree(src)
+    chute.convert(make_folder(src, dict.fromkeys("abc", 4), size=(16, 16)), data,
+                  image_size=16, val_fraction=0.25, workers=1, overwrite=True)  # fmt: skip
+
+    with pytest.raises(ChuteError) as refused:
+        chute.train(data, run, **FAST)
+    message = str(refused.value)
+    assert "interrupted run" in message and "the dataset changed" in message
+    assert "the train split: 36 examples in 1 shard(s) then, 9 in 1 now" in message
+    assert "the val split: 12 examples" in message and "3 in 1 now" in message
+    assert "overwrite=True (--overwrite)" in message and "class_names" not in message
+    flags = ["--run-dir", run, "--model", "kannada-cnn", "--batch-size", "8", "--strategy", "cpu"]
+    done = run_here("train", data, *flags, "--epochs", "2")
+    assert done.returncode == 2 and "the dataset changed" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and (run / "backup").is_dir()  # nothing touched
+
+    with monkeypatch.context() as patch:  # --overwrite: started afresh on the new data
+        patch.setattr(training, "_devices", lambda config: (_ for _ in ()).throw(_Stop()))
+        with pytest.raises(_Stop):
+            chute.train(data, run, overwrite=True, **FAST)
+    assert not (run / "backup").exists()
+    now = json.loads((run / "started.json").read_text())
+    assert now["data"]["train"]["examples"] == 9 and now != started
+
+    from chute.fit import rundir
+
+    older = {key: value for key, value in now.items() if key != "data"}  # an older chute's
+    (run / "started.json").write_text(json.dumps(older))
+    (run / "backup").mkdir()
+    with caplog.at_level("INFO", logger="chute.fit.rundir"):
+        assert rundir.prepare(run, overwrite=False, started=now).resumed  # as it did
+    assert "without checking data: an older chute started it" in caplog.text
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -826,3 +826,80 @@ def test_a_class_whose_archive_members_are_refused_names_their_reason(tmp_path):
         chute.convert(tmp_path / "data.zip", tmp_path / "out", workers=1)
     assert "'b'" in str(caught.value)
     assert "rejects.csv" in str(caught.value)
+
+
+# -- credentials in a source's URL (#38 item 5) ---------------------------------------------
+
+_SECRET = "TopSecretPw"
+
+
+@pytest.fixture
+def http_list(tmp_path):
+    """A CSV list and its images served over HTTP from 127.0.0.1 (a server this test
+    starts); yields the list's URL with a user and password in it."""
+    pytest.importorskip("aiohttp")  # fsspec's http:// filesystem
+    import functools
+    import http.server
+    import threading
+
+    www = make_folder(tmp_path / "www", {"cat": 3, "dog": 3})
+    rows = [f"{p.relative_to(www).as_posix()},{p.parent.name}" for p in sorted(www.rglob("*.png"))]
+    (www / "list.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # a line per request on stderr otherwise
+            pass
+
+    handler = functools.partial(Quiet, directory=str(www))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://user:{_SECRET}@127.0.0.1:{server.server_address[1]}/list.csv"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_source_urls_password_is_never_stored_logged_or_printed(http_list, tmp_path, caplog):
+    out = tmp_path / "out"
+    with caplog.at_level("INFO", logger="chute"):
+        result = chute.convert(http_list, out, workers=1)
+    assert result.num_written == {"train": 6}
+    # the manifest, and every other file written
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["location"] == http_list.replace(_SECRET, "***")
+    assert not [p for p in out.rglob("*") if p.is_file() and _SECRET.encode() in p.read_bytes()]
+    # the log records
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("user:***@127.0.0.1" in m for m in messages), messages
+    assert not [m for m in messages if _SECRET in m]
+    # the CLI's summary and log lines; the same source (another spelling of its secret) is
+    # still recognised as the conversion already there
+    done = run_here("convert", http_list.replace(_SECRET, "Another"), out)
+    assert done.returncode == 0 and "nothing to do" in done.stdout, done.stderr
+    done = run_here("convert", http_list, tmp_path / "again", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert "converted http://user:***@127.0.0.1" in done.stdout
+    assert _SECRET not in done.stdout + done.stderr
+    # inspect, even of a manifest written before chute redacted it
+    (out / "manifest.json").write_text(
+        (out / "manifest.json").read_text().replace("user:***@", f"user:{_SECRET}@")
+    )
+    for args in (("inspect", out), ("inspect", out, "--json")):
+        done = run_here(*args)
+        assert done.returncode == 0 and "user:***@127.0.0.1" in done.stdout, done.stderr
+        assert _SECRET not in done.stdout
+
+
+def test_a_source_urls_secrets_are_never_in_an_error(http_list, tmp_path):
+    missing = http_list.replace("list.csv", f"missing.csv?sv=2024&sig={_SECRET}")
+    with pytest.raises(ChuteError) as raised:
+        chute.convert(missing, tmp_path / "out", workers=1)
+    assert _SECRET not in str(raised.value) and "sig=***" in str(raised.value)
+    assert "user:***@" in str(raised.value)
+    for source in (missing, http_list.replace("list.csv", "missing.csv")):
+        done = run_here("convert", source, tmp_path / "out")
+        assert done.returncode == 2 and "chute convert: error:" in done.stderr
+        assert _SECRET not in done.stdout + done.stderr and "user:***@" in done.stderr

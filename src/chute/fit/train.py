@@ -141,6 +141,10 @@ def train(
         ChuteError: bad options, data without a train split, or in ``run_dir`` a
             finished run or an interrupted one of other options (without ``overwrite``).
     """
+    # Where the run reads and writes, first: "s3://" alone would become a local folder "s3:".
+    if not isinstance(data, manifest_lib.Manifest):
+        storage.check_location(data, "data")
+    storage.check_location(run_dir, "run_dir")
     # Two sources of options would leave it unclear which one wins.
     if config is not None and options:
         raise ChuteError("Pass either `config` or option keywords, not both")
@@ -194,9 +198,9 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
     """What a run's backup depends on: the model's layers and shapes, the classes, its
     training phases, the optimizer's variables (optimizer, precision: a loss-scale
     optimizer), the augmentation layers in the train step, the batch size (the steps the
-    schedule follows; the Grain engine rescales them), the engine, and from a bucket the
-    options that size the order's shard blocks. An interrupted run resumes only with the
-    same."""
+    schedule follows; the Grain engine rescales them), the engine, the data (each read
+    split's fingerprint), and from a bucket the options that size the order's shard
+    blocks. An interrupted run resumes only with the same."""
     stored = [manifest.image.height, manifest.image.width]
     return {
         "model": config.model,
@@ -204,6 +208,17 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
         "input_size": list(config.image_size) if config.image_size else stored,
         "channels": manifest.image.channels,
         "class_names": list(manifest.class_names),
+        # The data: a backup's position is in an order of these records (a dataset
+        # converted again, even with the same classes, is other data).
+        "data": {
+            name: {
+                "examples": split.examples,
+                "shards": len(split.shards),
+                "fingerprint": split.fingerprint(),
+            }
+            for name, split in manifest.splits.items()
+            if name in ("train", "val")  # what a run reads
+        },
         "fine_tune": config.fine_tune,
         "head_epochs": config.head_epochs,
         "backend": config.backend,
