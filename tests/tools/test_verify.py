@@ -19,10 +19,11 @@ VAL1 = "val-00001-of-00002.tfrecord"
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> Path:
-    """A freshly converted dataset (tests damage it): 3 classes, raw 12x10, 2+2 shards."""
+    """A freshly converted dataset (tests damage it): 3 classes, raw 12x10, 2+2 shards
+    (val as large as train: min_shards applies to val scaled to its size)."""
     src = make_folder(tmp_path / "src", {"a": 10, "b": 8, "c": 6})
     out = tmp_path / "out"
-    chute.convert(src, out, val_fraction=0.25, min_shards=2, workers=1)
+    chute.convert(src, out, val_fraction=0.5, min_shards=2, workers=1)
     return out
 
 
@@ -192,7 +193,7 @@ def test_verify_on_a_tf_filesystem_downloads_each_shard_once(tmp_path, monkeypat
 
     src = make_folder(tmp_path / "src", {"a": 10, "b": 8, "c": 6})
     out = f"ram://verify-{tmp_path.name}"
-    chute.convert(src, out, val_fraction=0.25, min_shards=2, workers=1)
+    chute.convert(src, out, val_fraction=0.5, min_shards=2, workers=1)
     read_from = []
     real_read = verification._read_records
 
@@ -230,7 +231,7 @@ def test_a_version_2_manifest_with_dense_shard_counts_still_verifies(dataset):
 
     _edit_manifest(dataset, to_version_2)
     assert chute.verify(dataset).ok
-    assert chute.load_manifest(dataset).num_examples("val") == 6
+    assert chute.load_manifest(dataset).num_examples("val") == 12
 
     def move_one(body):
         dense = _shard_entry(body, VAL1)["class_counts"]
@@ -289,3 +290,36 @@ def test_a_record_that_does_not_parse_is_named_by_its_number(long_shard):
     _replace_shard(out, name, _record(0) * 31 + records.frame(b"not an Example") + _record(1) * 8)
     text = _problem(out)
     assert "record 31 does not parse or decode" in text, text
+
+
+def test_a_local_split_is_read_in_one_pass_and_a_damaged_shard_in_it_is_named(
+    many_shards, tmp_path, monkeypatch
+):
+    """96 small shards: a tf.data pass a shard cost more than its records (ImageNet's
+    shape took 88 s), so a local split is read in one pass; a damaged shard in the middle
+    stops it, is named alone, and the shards after it are still checked."""
+    import shutil
+
+    from chute.tools import verify as verification
+
+    out = Path(shutil.copytree(many_shards, tmp_path / "out"))
+    alone = []
+    real_read = verification._read_records
+
+    def spy(path, manifest):
+        alone.append(Path(path).name)
+        return real_read(path, manifest)
+
+    monkeypatch.setattr(verification, "_read_records", spy)
+    report = chute.verify(out)
+    assert report.ok and report.num_records == 240 and alone == []  # no shard read alone
+    damaged = "train-00040-of-00096.tfrecord"
+    data = bytearray((out / damaged).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a record: its CRC no longer holds
+    (out / damaged).write_bytes(bytes(data))
+    report = chute.verify(out)
+    assert _bad_files(report) == {damaged}
+    assert any("CRC" in problem or "corrupt" in problem for _, problem in report.problems)
+    # read alone: from the last shard seen whole up to the damaged one; then one pass again
+    assert alone[-1] == damaged and all(name <= damaged for name in alone)
+    assert report.num_shards == 96 + 24 and report.num_records >= 240 - 2

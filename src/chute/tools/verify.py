@@ -110,8 +110,12 @@ def verify(
     total_shards = sum(len(split.shards) for split in manifest.splits.values())
     for name, split in manifest.splits.items():
         count, class_counts, shards_ok = 0, [0] * manifest.num_classes, True
+        # A local split's records in one tf.data pass (a pass per shard cost more than its
+        # records: 1,805 small shards took 88 s); a bucket's, shard by shard as downloaded.
+        local = storage.is_local(manifest.location) and installed("tensorflow")
+        read_all = _read_split(manifest, split.shards) if local else {}
         for shard in split.shards:
-            problems, read, read_counts = _check_shard(manifest, shard)
+            problems, read, read_counts = _check_shard(manifest, shard, read_all.get(shard.name))
             # kept in the report, not logged: the command prints each problem once
             report.problems += [(shard.name, problem) for problem in problems]
             shards_ok = shards_ok and not problems
@@ -146,8 +150,11 @@ def verify(
     return report
 
 
-def _check_shard(manifest: manifest_lib.Manifest, shard: Shard) -> tuple[list[str], int, list[int]]:
-    """Problems of one shard, and the record and per-class counts it really holds."""
+def _check_shard(
+    manifest: manifest_lib.Manifest, shard: Shard, records_read: tuple | None = None
+) -> tuple[list[str], int, list[int]]:
+    """Problems of one shard, and the record and per-class counts it really holds
+    (``records_read``: what :func:`_read_split` found in its records, else read here)."""
     path = storage.join(manifest.location, shard.name)
     if not storage.exists(path):
         return ["missing: the file is not there"], 0, []
@@ -159,7 +166,9 @@ def _check_shard(manifest: manifest_lib.Manifest, shard: Shard) -> tuple[list[st
     with _hashed_copy(path) as (readable, digest):
         if digest != shard.sha256:
             problems.append("sha256 differs from the manifest: the file changed or is corrupt")
-        count, class_counts, problem = _read_records(readable, manifest)
+        if records_read is None:
+            records_read = _read_records(readable, manifest)
+        count, class_counts, problem = records_read
         if shard.index is not None:
             problems += _check_index(manifest.location, shard, readable)
     # A record problem explains the counts, so the counts are compared only without one.
@@ -241,10 +250,90 @@ def _hashed_copy(path: str) -> Iterator[tuple[str, str]]:
         yield local, digest.hexdigest()
 
 
-def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list[int], str | None]:
-    """Parses and decodes every record; returns (count, class counts, first problem)."""
-    if not installed("tensorflow"):
-        return _read_records_python(path, manifest)
+def _read_split(manifest: manifest_lib.Manifest, shards: list[Shard]) -> dict[str, tuple]:
+    """:func:`_read_records` of every shard of a local split, by name, through one
+    tf.data pipeline (its check traced once, not once a shard). Where a shard fails, the
+    pipeline stops: the shards from the last one seen whole are read one at a time (each
+    failure named as :func:`_read_records` names it), then one pipeline goes on after."""
+    found: dict[str, tuple] = {}
+    # A missing shard is named by _check_shard; the pipeline reads those that are there.
+    shards = [s for s in shards if storage.exists(storage.join(manifest.location, s.name))]
+    paths = [storage.join(manifest.location, shard.name) for shard in shards]
+    start = 0
+    while start < len(shards):
+        try:
+            found.update(_read_many(paths, start, manifest, shards))
+            return found
+        except _Stopped as stopped:
+            found.update(stopped.found)
+            resume_at = stopped.at
+        # Shards from the one being read when it failed, alone, up to the damaged one.
+        for number in range(resume_at, len(shards)):
+            found[shards[number].name] = _read_records(paths[number], manifest)
+            start = number + 1
+            if found[shards[number].name][2] is not None:
+                break
+    return found
+
+
+class _Stopped(Exception):
+    """TensorFlow stopped a pipeline over several shards: what it found of the shards
+    seen whole, and the first shard not seen whole."""
+
+    def __init__(self, found: dict[str, tuple], at: int):
+        super().__init__(at)
+        self.found, self.at = found, at
+
+
+def _read_many(paths: list[str], start: int, manifest, shards: list[Shard]) -> dict[str, tuple]:
+    """Reads shards ``start..`` in one pipeline; :class:`_Stopped` where TensorFlow
+    stops it (a damaged record, one that does not parse)."""
+    check = _record_check(manifest)
+    numbers = tf.range(start, len(paths), dtype=tf.int64)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((numbers, tf.constant(paths[start:])))
+        # deterministic: record numbers in a message are each file's own order.
+        .flat_map(lambda number, path: tf.data.TFRecordDataset(path).map(lambda s: (number, s)))
+        .map(lambda number, s: (number, *check(s)), num_parallel_calls=tf.data.AUTOTUNE,
+             deterministic=True)
+        .batch(1024)  # a Python step per record would cost more than the check
+    )  # fmt: skip
+    found: dict[str, tuple] = {}
+    counts = {number: np.zeros(manifest.num_classes, np.int64) for number in range(len(paths))}
+    seen = dict.fromkeys(range(start, len(paths)), 0)
+    current = start
+    try:
+        for numbers_read, outputs, ok in dataset.as_numpy_iterator():
+            for number in np.unique(numbers_read):
+                mine = numbers_read == number
+                shard = shards[number]
+                if shard.name in found:  # a problem found in it already
+                    continue
+                part = {key: value[mine] for key, value in outputs.items()}
+                bad = np.flatnonzero(~ok[mine])
+                if len(bad):
+                    problem = (
+                        f"record {seen[number] + bad[0]} does not match the image spec "
+                        f"{manifest.image.describe()}"
+                    )
+                else:
+                    problem = _tally(part, seen[number], counts[number], manifest.num_classes)
+                if problem:
+                    found[shard.name] = (seen[number], [], problem)
+                seen[number] += int(mine.sum())
+            current = int(numbers_read[-1])
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+        # Shards before the one being read are whole; it and the rest are read again.
+        for number in range(start, current):
+            found.setdefault(shards[number].name, (seen[number], counts[number].tolist(), None))
+        raise _Stopped(found, current) from None
+    for number in range(start, len(paths)):
+        found.setdefault(shards[number].name, (seen[number], counts[number].tolist(), None))
+    return found
+
+
+def _record_check(manifest: manifest_lib.Manifest):
+    """The tf.data function checking one serialized record: ``(label outputs, ok)``."""
     spec = manifest.image
     height, width, channels, encoding = (*spec.shape, spec.encoding)
     features = {**records.parse_features(records.IMAGE, records.SIZE), **_label_features(manifest)}
@@ -267,6 +356,15 @@ def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list
             ok = tf.logical_and(ok, tf.reduce_all(tf.equal(size, [height, width])))
         return _label_outputs(example, serialized, manifest), ok
 
+    return check
+
+
+def _read_records(path: str, manifest: manifest_lib.Manifest) -> tuple[int, list[int], str | None]:
+    """Parses and decodes every record; returns (count, class counts, first problem)."""
+    if not installed("tensorflow"):
+        return _read_records_python(path, manifest)
+    spec = manifest.image
+    check = _record_check(manifest)
     dataset = (
         tf.data.TFRecordDataset(path)
         # deterministic: the record numbers in a message must be the file's own order.
