@@ -155,6 +155,19 @@ def _png_fast(data: bytes, spec: ImageSpec, max_pixels: int) -> np.ndarray | Non
     return pixels if spec.channels == 1 else cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
 
 
+def _array_as_is(pixels: np.ndarray, channels: int) -> np.ndarray | None:
+    """A uint8 pixel array already in the stored mode (``(H, W)`` for one channel,
+    ``(H, W, 3)`` for three) as it is, without a round trip through Pillow (the same
+    pixels; about 30 us an image, most of a tiny raw image's conversion); None otherwise."""
+    if pixels.dtype != np.uint8:
+        return None
+    if (channels == 1 and pixels.ndim == 2) or (
+        channels == 3 and pixels.ndim == 3 and pixels.shape[-1] == 3
+    ):
+        return np.ascontiguousarray(pixels)
+    return None
+
+
 def _load(payload: Any, spec: ImageSpec, max_pixels: int) -> tuple[Image.Image, bytes | None]:
     """Decodes an item; also returns the original bytes when they can be stored as is."""
     if isinstance(payload, np.ndarray):
@@ -243,6 +256,8 @@ def load_pixels(
     try:
         original = None
         pixels = _png_fast(payload, spec, max_pixels) if isinstance(payload, bytes) else None
+        if isinstance(payload, np.ndarray):
+            pixels = _array_as_is(payload, spec.channels)
         if pixels is None:
             image, original = _load(payload, spec, max_pixels)
             if image.mode != ("L" if spec.channels == 1 else "RGB"):
