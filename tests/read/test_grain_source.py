@@ -153,17 +153,18 @@ def test_a_dataset_without_indexes_says_to_run_chute_index(dataset):
 
 
 def test_a_missing_or_changed_index_is_refused(dataset):
-    shards = chute.load_manifest(dataset).splits["val"]["shards"]
+    # the train split: 2 shards (val's 6 images are one, min_shards scaled to its size)
+    shards = chute.load_manifest(dataset).splits["train"]["shards"]
     (dataset / record_index.FOLDER / shards[1]["index"]["file"]).unlink()
     with pytest.raises(ChuteError, match="is missing: run `chute index"):
-        chute.grain_source(dataset, "val")
+        chute.grain_source(dataset, "train")
     chute.index(dataset)
     index = dataset / record_index.FOLDER / shards[0]["index"]["file"]
     data = bytearray(index.read_bytes())
     data[-1] ^= 1
     index.write_bytes(bytes(data))
     with pytest.raises(ChuteError, match="differs from the manifest"):
-        chute.grain_source(dataset, "val")
+        chute.grain_source(dataset, "train")
     with pytest.raises(ChuteError, match="`split` must be one of"):
         chute.grain_source(dataset, "test")
 
@@ -249,3 +250,25 @@ def test_the_open_file_limit_follows_rlimit_nofile():
                               text=True, timeout=60, check=True)  # fmt: skip
         assert int(done.stdout) == expected
     assert soft > 0
+
+
+def test_record_indexes_load_without_a_python_object_a_record(many_shards, monkeypatch):
+    """1.28M records: the offsets and lengths are copied array to array, never listed
+    (a Python int a record, twice), and give the same records."""
+    expected = [record["key"] for record in all_records(many_shards, "train")]
+
+    class Unlisted(np.ndarray):
+        def tolist(self):
+            raise AssertionError("a record index was turned into Python objects")
+
+    real = record_index.RecordIndex.from_bytes
+
+    def unlisted(data, where="the record index"):
+        index = real(data, where)
+        return record_index.RecordIndex(
+            index.offsets.view(Unlisted), index.lengths.view(Unlisted), index.shard_bytes
+        )
+
+    monkeypatch.setattr(record_index.RecordIndex, "from_bytes", staticmethod(unlisted))
+    source = chute.grain_source(many_shards, "train")
+    assert [source[i]["key"] for i in range(len(source))] == expected
