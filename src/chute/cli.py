@@ -136,8 +136,8 @@ def _add_convert(commands) -> None:
         "--runner",
         choices=BEAM_RUNNERS,
         metavar="RUNNER",
-        help=f"encode and write on Apache Beam: {', '.join(BEAM_RUNNERS)} (pip install "
-        "'chute[beam]'); flags chute does not know, after SRC OUT, are Beam pipeline options "
+        help=f"encode and write on Apache Beam: {', '.join(BEAM_RUNNERS)} (chute's beam "
+        "extra); flags chute does not know, after SRC OUT, are Beam pipeline options "
         "(--project=P --region=R --temp_location=gs://... --requirements_file=FILE)",
     )
 

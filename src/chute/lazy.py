@@ -19,9 +19,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
+import json
 import os
+import shlex
 import sys
 import types
 from collections.abc import Iterator
@@ -29,21 +32,66 @@ from typing import Any
 
 from chute.errors import ChuteError
 
-# What to install when a module is missing: TensorFlow is the user's choice of build, never a
-# hard requirement that would lay the plain wheel over a TPU VM's or a CUDA image's own.
-# chute's extras, in every message that asks for TensorFlow (fit.backend's too).
-TENSORFLOW_BUILDS = (
-    "pip install 'chute[tensorflow]' (CPU or GPU), 'chute[tensorflow-cpu]' (beside JAX, "
-    "e.g. on a TPU VM), or keep the machine's own (tensorflow-tpu, tf-nightly, a "
-    "preinstalled wheel)"
-)
-INSTALL = {
-    "tensorflow": (
-        "chute reads and trains with TensorFlow, which is not installed here. Install the "
-        f"build for this machine beside chute: {TENSORFLOW_BUILDS}"
-    ),
-    "keras": "chute needs Keras 3: pip install 'keras>=3'",
-}
+
+@functools.cache
+def _origin() -> tuple[str, bool] | None:
+    """The folder or wheel file pip installed chute from, and whether editably (PEP 610's
+    ``direct_url.json``); None when unknown or no longer there."""
+    import urllib.parse
+    import urllib.request
+    from importlib import metadata
+
+    try:
+        info = json.loads(metadata.distribution("chute").read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+    url = urllib.parse.urlparse(info.get("url", ""))
+    path = urllib.request.url2pathname(url.path)
+    if url.scheme != "file" or not os.path.exists(path):
+        return None
+    return path, bool(info.get("dir_info", {}).get("editable"))
+
+
+def extra(name: str, instead: str = "") -> str:
+    """The command that adds chute's extra ``name`` (``or pip install {instead}`` after it).
+
+    chute is not on PyPI, so ``pip install 'chute[NAME]'`` finds nothing: the command names
+    what this chute was installed from (its clone, or its wheel file), and a clone's
+    ``pip install -e '.[NAME]'`` where that is not known.
+
+    Example:
+        >>> extra("grain", instead="grain")  # doctest: +SKIP
+        "pip install -e '/home/me/chute[grain]' (or pip install grain)"
+    """
+    origin = _origin()
+    if origin is None:
+        command = f"pip install -e '.[{name}]' in a clone of chute"
+    else:
+        path, editable = origin
+        command = f"pip install {'-e ' if editable else ''}{shlex.quote(f'{path}[{name}]')}"
+    return f"{command} (or pip install {instead})" if instead else command
+
+
+def tensorflow_builds() -> str:
+    """What to install for TensorFlow, in every message that asks for it: TensorFlow is the
+    user's choice of build, never a hard requirement that would lay the plain wheel over a TPU
+    VM's or a CUDA image's own, so chute's extras, or the machine's own build."""
+    return (
+        f"{extra('tensorflow')} (CPU or GPU; [tensorflow-cpu] beside JAX, e.g. on a TPU VM), "
+        "or keep the machine's own (tensorflow-tpu, tf-nightly, a preinstalled wheel)"
+    )
+
+
+def _install(module: str) -> str | None:
+    """What to install when ``module`` is missing; None for a module chute names nothing for."""
+    if module == "tensorflow":
+        return (
+            "chute reads and trains with TensorFlow, which is not installed here. Install the "
+            f"build for this machine beside chute: {tensorflow_builds()}"
+        )
+    if module == "keras":
+        return "chute needs Keras 3: pip install 'keras>=3'"
+    return None
 
 
 # TensorFlow's native libraries print start-up lines (oneDNN, "Could not find cuda drivers")
@@ -96,9 +144,9 @@ class LazyModule(types.ModuleType):
                 with _native_stderr_dropped() if quiet else contextlib.nullcontext():
                     self._module = importlib.import_module(self.__name__)
             except ModuleNotFoundError as error:
-                missing = (error.name or "").split(".")[0]
-                if missing in INSTALL:
-                    raise ChuteError(INSTALL[missing]) from None
+                hint = _install((error.name or "").split(".")[0])
+                if hint:
+                    raise ChuteError(hint) from None
                 raise
         return self._module
 

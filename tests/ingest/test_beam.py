@@ -4,6 +4,7 @@ local converter writes (DirectRunner, in this process)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from helpers import all_records, decode, make_folder, run_here, tree_bytes
 
 import chute
-from chute import cli
+from chute import cli, lazy
 from chute.errors import ChuteError
 from chute.ingest import resume, sources
 from chute.ingest.beam import BeamJob
@@ -186,12 +187,12 @@ def test_an_unknown_runner_is_named_with_the_allowed_ones(folder, tmp_path, caps
 
 def test_without_apache_beam_the_error_names_the_extra(folder, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "apache_beam", None)  # import apache_beam fails
-    with pytest.raises(ChuteError, match=r"pip install 'chute\[beam\]'"):
+    with pytest.raises(ChuteError, match=re.escape(lazy.extra("beam", instead="apache-beam"))):
         chute.convert(folder, tmp_path / "out", runner="DirectRunner")
     code = cli.main(["convert", str(folder), str(tmp_path / "out"), "--runner", "DataflowRunner"])
     assert code == 2
     err = capsys.readouterr().err
-    assert "needs Apache Beam" in err and "pip install 'chute[beam]'" in err
+    assert "needs Apache Beam" in err and lazy.extra("beam") in err and "'chute[" not in err
     assert "runner='DataflowRunner'" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import io
 import json
+import re
 import sys
 import tempfile
 import types
@@ -19,6 +20,7 @@ from helpers import all_records, decode, run_here, write_image
 from PIL import Image
 
 import chute
+from chute import lazy
 from chute.errors import ChuteError
 from chute.ingest.sources import parquet
 
@@ -177,7 +179,7 @@ def test_split_names_from_files_and_folders():
 
 def test_hf_names_need_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
-    with pytest.raises(ChuteError, match=r"pip install 'chute\[hf\]'"):
+    with pytest.raises(ChuteError, match=re.escape(lazy.extra("hf", instead="huggingface_hub"))):
         chute.convert("hf:beans", tmp_path / "out", workers=1)
 
 

@@ -35,17 +35,20 @@ from chute import checks
 from chute.errors import ChuteError
 from chute.fit import strategy as strategy_lib
 from chute.fit.devices import Devices
-from chute.lazy import TENSORFLOW_BUILDS, installed, keras, tf
+from chute.lazy import extra, installed, keras, tensorflow_builds, tf
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("tensorflow", "jax", "torch")
-# What to install when a backend's package is missing.
-INSTALL = {
-    "tensorflow": TENSORFLOW_BUILDS,
-    "jax": "pip install 'chute[jax]' (or jax[cpu], jax[cuda12], jax[tpu])",
-    "torch": "pip install torch",
-}
+
+
+def _install(backend: str) -> str:
+    """What to install when a backend's package is missing."""
+    if backend == "tensorflow":
+        return tensorflow_builds()
+    if backend == "jax":
+        return extra("jax", instead="'jax[cpu]'; 'jax[cuda12]' or 'jax[tpu]' on accelerators")
+    return "pip install torch"
 
 
 def configured() -> str:
@@ -107,7 +110,7 @@ def resolve(requested: str | None = None) -> str:
 def _check_installed(name: str, received: str) -> None:
     if importlib.util.find_spec(name) is None:
         raise ChuteError(
-            f"The Keras backend {name!r} is not installed: {INSTALL[name]}. Received: {received}"
+            f"The Keras backend {name!r} is not installed: {_install(name)}. Received: {received}"
         )
 
 

@@ -27,7 +27,7 @@ from chute.errors import ChuteError
 from chute.fit import multilabel
 from chute.format import storage
 from chute.format.bundle import META_NAME, MODEL_NAME, Bundle, load_bundle
-from chute.lazy import TENSORFLOW_BUILDS, installed, tf
+from chute.lazy import installed, tensorflow_builds, tf
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def export(
     if format == "savedmodel" and not installed("tensorflow"):  # before any work or writing
         raise ChuteError(
             "A SavedModel export (format='savedmodel', the default) is TensorFlow's format "
-            f"and needs TensorFlow, not installed here: {TENSORFLOW_BUILDS}; or pass "
+            f"and needs TensorFlow, not installed here: {tensorflow_builds()}; or pass "
             "format='keras' (--format keras), which needs no TensorFlow"
         )
     bundle = load_bundle(run_or_bundle)

@@ -50,7 +50,7 @@ from chute.fit.objective import (
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import load_model, save_bundle
-from chute.lazy import TENSORFLOW_BUILDS, installed, keras
+from chute.lazy import extra, installed, keras, tensorflow_builds
 from chute.read.augment import FUSED, DeviceAugmentation
 from chute.read.load import info_of, load
 
@@ -440,7 +440,7 @@ def _engine_without_tensorflow(config: TrainConfig) -> TrainConfig:
     if not installed("grain"):
         raise ChuteError(
             "chute train reads with tf.data (TensorFlow) or Grain, and neither is installed "
-            f"here: pip install 'chute[grain]' (no TensorFlow), or {TENSORFLOW_BUILDS}"
+            f"here: {extra('grain')} (no TensorFlow), or {tensorflow_builds()}"
         )
     log.info("TensorFlow is not installed: the Grain engine reads the data (--engine grain)")
     return dataclasses.replace(config, load=dataclasses.replace(config.load, engine="grain"))
@@ -454,7 +454,7 @@ def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run,
     """
     storage.makedirs(run.join("checkpoints"))
     if not installed("tensorflow"):  # Keras's TensorBoard callback writes through tf.summary
-        log.info("No TensorBoard logs: they need TensorFlow (%s)", TENSORFLOW_BUILDS)
+        log.info("No TensorBoard logs: they need TensorFlow (%s)", tensorflow_builds())
     class_weight = None
     if config.class_weights == "balanced":
         # At least 1: a class without examples would otherwise divide by zero.

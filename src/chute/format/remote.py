@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from chute.errors import ChuteError
+from chute.lazy import extra
 
 # TensorFlow's in-process filesystem: tf.data reads it, nothing else can
 _TF_ALWAYS = frozenset({"ram"})
@@ -45,10 +46,11 @@ _GCS = frozenset({"gs", "gcs"})
 _AZURE = frozenset({"az", "abfs", "abfss"})
 # folders are key prefixes: nothing to create, and a missing bucket is worth naming
 _BUCKETS = frozenset({"s3", "s3a"}) | _GCS | _AZURE
+# scheme -> (chute's extra, the filesystem's own package)
 _INSTALL = {
-    **dict.fromkeys(("s3", "s3a"), "pip install 'chute[s3]'"),
-    **dict.fromkeys(_GCS, "pip install 'chute[gcs]'"),
-    **dict.fromkeys(_AZURE, "pip install 'chute[azure]'"),
+    **dict.fromkeys(("s3", "s3a"), ("s3", "s3fs")),
+    **dict.fromkeys(_GCS, ("gcs", "gcsfs")),
+    **dict.fromkeys(_AZURE, ("azure", "adlfs")),
 }
 # the environment a filesystem object is made from (its credentials and endpoint)
 _ENVIRONMENT = ("AWS_", "FSSPEC_", "GOOGLE_", "AZURE_", "STORAGE_EMULATOR_HOST", "CLOUDSDK_")
@@ -209,7 +211,10 @@ def _missing_package(path: str, error: ImportError) -> str:
     name = scheme(path)
     from fsspec.registry import known_implementations
 
-    hint = _INSTALL.get(name) or known_implementations.get(name, {}).get("err") or str(error)
+    if name in _INSTALL:
+        hint = extra(*_INSTALL[name])
+    else:
+        hint = known_implementations.get(name, {}).get("err") or str(error)
     return f"Reading or writing {path!r} needs the {name}:// filesystem, not installed here: {hint}"
 
 

@@ -50,11 +50,11 @@ from typing import Any
 from chute import checks
 from chute.errors import ChuteError
 from chute.format import records, storage
+from chute.lazy import extra
 
 log = logging.getLogger(__name__)
 
 RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
-EXTRA = "chute[beam]"
 _TASK = ".task.json"  # OUT/.chute-work/<shard>.task.json: the items of a shard to write
 _IO_THREADS = 16  # task files and notes on a bucket are written and read in parallel
 
@@ -66,8 +66,8 @@ def import_beam(runner: str) -> Any:
     except ImportError:
         raise ChuteError(
             f"`runner` needs Apache Beam, which is not installed. Received: runner={runner!r}; "
-            f"install it with: pip install '{EXTRA}' (or drop the runner to convert with local "
-            "processes)"
+            f"install it with: {extra('beam', instead='apache-beam')}; or drop the runner to "
+            "convert with local processes"
         ) from None
     return apache_beam
 

@@ -121,7 +121,7 @@ def convert(
         allow_outside: let a list name files outside its own folder.
         progress: called as ``progress(phase, done, total)`` while working: images
             for ``"check"`` and ``"write"``, bytes for ``"unpack"`` (a compressed tar).
-        runner: encode and write on Apache Beam (``pip install chute[beam]``):
+        runner: encode and write on Apache Beam (chute's ``beam`` extra):
             ``"DirectRunner"``, ``"DataflowRunner"``, ``"FlinkRunner"`` or
             ``"SparkRunner"``. This process still scans the source, reads headers
             (``workers`` processes) and plans the shards; the output is the same

@@ -19,7 +19,7 @@ from typing import Any
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
 from chute.format import storage
-from chute.lazy import TENSORFLOW_BUILDS, installed, tf
+from chute.lazy import installed, tensorflow_builds, tf
 from chute.read import cache as shard_cache
 from chute.read import share
 from chute.read.engine import Engine, LoadInfo, info_of
@@ -111,7 +111,7 @@ def _check_engine_reaches(location: str, options: LoadOptions) -> None:
         raise ChuteError(
             "The tf.data engine (engine='tf', the default) needs TensorFlow, not installed "
             "here. Pass engine='grain' (--engine grain), which needs none, or install it: "
-            f"{TENSORFLOW_BUILDS}"
+            f"{tensorflow_builds()}"
         )
     if options.engine == "tf" and not storage.tensorflow_opens(location):
         if shard_cache.applies(location, options):

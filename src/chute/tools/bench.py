@@ -31,7 +31,7 @@ from chute import checks, collector
 from chute.errors import ChuteError
 from chute.fit import models
 from chute.ingest.convert import convert
-from chute.lazy import keras, tf
+from chute.lazy import extra, keras, tf
 from chute.read import dropin
 from chute.read.load import load
 from chute.tools import samples
@@ -341,7 +341,7 @@ def _measure(source, shards, size, color_mode, batch_size, min_seconds, say) -> 
         passes = functools.partial(_idg_passes, generator, source, size, color_mode, batch_size)
         rows.append(Row(name, *_rounds(passes, min_seconds)))
     else:
-        say("ImageDataGenerator skipped: install tf-keras and scipy (pip install chute[bench])")
+        say(f"ImageDataGenerator skipped: it needs tf-keras and scipy: {extra('bench')}")
     channels = 1 if color_mode == "grayscale" else 3
     # rows[1]: the uncached chute.load, whose image count is the dataset's.
     images = tf.zeros((rows[1].images, *size, channels), tf.uint8)

@@ -26,7 +26,7 @@ metadata when it has them, else the distinct values sorted. With
 Sample weights: the column ``weight_column`` names (only then), numbers.
 
 ``hf:OWNER/NAME[:CONFIG]`` downloads the files through ``huggingface_hub`` (what
-the ``datasets`` library uses; ``pip install 'chute[hf]'``) into its cache.
+the ``datasets`` library uses; chute's ``hf`` extra) into its cache.
 
 Example:
     >>> found = scan_parquet("beans/data")  # doctest: +SKIP
@@ -60,11 +60,11 @@ from chute.ingest.sources.base import (
     make_scratch_dir,
 )
 from chute.ingest.sources.members import TAR, Member
+from chute.lazy import extra
 
 log = logging.getLogger(__name__)
 log.addFilter(storage.LOG_FILTER)  # a source named by URL is logged without its credentials
 
-EXTRA = "chute[hf]"
 BATCH_ROWS = 256  # rows read at a time: a few MB of images in memory, whatever the file
 DISK_RESERVE = 256 << 20  # free space left on the temporary folder's disk
 _SPLIT_WORDS = {**SPLIT_ALIASES, "valid": "val", "dev": "val"}
@@ -167,8 +167,8 @@ def _pyarrow():
         import pyarrow.parquet as pq
     except ImportError:
         raise ChuteError(
-            "Reading Parquet needs pyarrow, which is not installed: pip install "
-            f"'{EXTRA}' (or pip install pyarrow)"
+            "Reading Parquet needs pyarrow, which is not installed: "
+            f"{extra('hf', instead='pyarrow')}"
         ) from None
     return pq
 
@@ -618,7 +618,7 @@ def download(name: str) -> str:
     except ImportError:
         raise ChuteError(
             f"`source` {name!r} is downloaded through Hugging Face's libraries, which are not "
-            f"installed: pip install '{EXTRA}'"
+            f"installed: {extra('hf', instead='huggingface_hub')}"
         ) from None
     patterns = [f"{config}/**/*.parquet", f"{config}/*.parquet"] if config else ["**/*.parquet"]
     try:

@@ -60,6 +60,7 @@ from chute.errors import ChuteError
 from chute.format import records
 from chute.format.spec import ImageSpec
 from chute.image import crop
+from chute.lazy import extra
 from chute.machine import available_cores
 from chute.read import sampling as sampling_lib
 from chute.read.grain import epochs
@@ -79,9 +80,7 @@ def _grain():
     try:
         import grain
     except ImportError:
-        raise ChuteError(
-            "engine='grain' needs Grain: pip install 'chute[grain]' (or grain)"
-        ) from None
+        raise ChuteError(f"engine='grain' needs Grain: {extra('grain', instead='grain')}") from None
     from absl import flags  # Grain reads its absl flags, which a program without absl never parses
 
     # Marked as parsed, or Grain's first flag read would raise in a program without absl.
