@@ -1,20 +1,35 @@
-# make demo: install into .venv (when missing) and run the demo on a built-in sample.
-# make test: install into .venv (when missing), lint, and run the whole test suite.
+# make demo: install chute and TensorFlow into .venv (when missing) and run the demo on a
+#   built-in sample.
+# make test: install chute with its [dev] extra into .venv (when missing), lint, and run the
+#   whole test suite.
+# make package-check: build the sdist and wheel, check them, install the wheel into a fresh
+#   virtualenv and try it there (CI runs it; .ci/package-check says what it checks).
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 # pytest-xdist workers: one per core (CI machines have 2).
 WORKERS ?= auto
 
-.PHONY: demo test test-fast lint format bench bench-remote bench-peers clean
+.PHONY: demo test test-fast lint format package-check bench bench-remote bench-peers clean
 
+# Everything the tests, the linters and package-check need; [dev] holds the demo's TensorFlow
+# too, so the demo's stamp is made with it.
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@ $(BIN)/.installed-demo
+
+# The demo converts, inspects, verifies, trains a small CNN on the CPU and predicts: chute and
+# TensorFlow, the README's own install (about 2.4 GB installed; [dev] adds JAX, Beam, the
+# object-store clients and emulators, the linters and the build tools: 3.7 GB).
+$(BIN)/.installed-demo: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[tensorflow]"
 	touch $@
 
-demo: $(BIN)/.installed
+demo: $(BIN)/.installed-demo
 	$(BIN)/chute demo
 
 # The suite starts some 150 Python processes that import chute (and pytest rewrites the tests
@@ -39,6 +54,11 @@ lint: $(BIN)/.installed
 format: $(BIN)/.installed
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# What a user installs, built and tried as a user would (about 25 s; the fresh virtualenv
+# downloads chute's dependencies and Grain, no TensorFlow).
+package-check: $(BIN)/.installed
+	PYTHON=$(PYTHON) .ci/package-check $(BIN)
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m pip install -q -e ".[dev,bench]"
