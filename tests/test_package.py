@@ -202,14 +202,18 @@ def test_no_message_asks_pypi_for_chute():
 
 def test_the_wheel_ships_every_module_and_data_file_chute_reads():
     """The wheel holds the packages setuptools finds under src/ and, besides their modules, only
-    what [tool.setuptools.package-data] names: a folder without __init__.py, or a data file
-    not named there, would be missing from an installed chute (CI's `make package-check`
-    builds and installs the real wheel)."""
-    from setuptools import find_packages
+    what [tool.setuptools.package-data] names: a folder that packages.find leaves out, or a
+    data file not named there, would be missing from an installed chute (CI's `make
+    package-check` builds and installs the real wheel; a build here would need the network
+    for setuptools>=77, which the suite's virtualenv need not have)."""
+    from setuptools import find_namespace_packages, find_packages
 
     setuptools_config = _pyproject()["tool"]["setuptools"]
-    assert setuptools_config["packages"]["find"]["where"] == ["src"]
-    packages = set(find_packages(str(SRC.parent)))
+    find = dict(setuptools_config["packages"]["find"])
+    assert find.pop("where") == ["src"]
+    # pyproject.toml's find takes folders without __init__.py too, unless namespaces = false
+    finder = find_namespace_packages if find.pop("namespaces", True) else find_packages
+    packages = set(finder(str(SRC.parent), **find))
     folders = {
         ".".join(path.parent.relative_to(SRC.parent).parts)
         for path in SRC.rglob("*.py")
