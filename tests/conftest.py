@@ -67,7 +67,7 @@ def shared_dataset(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def many_shards(tmp_path_factory) -> Path:
     """A split of more shards than a low ``RLIMIT_NOFILE`` allows open: 4 classes x 60
-    raw 8x8 grayscale images from arrays, train 192 in 96 shards of 2, val 48 in 24."""
+    raw 8x8 grayscale images from arrays, train 192 in 96 shards of 2, val 48 in 48."""
 
     def build(root: Path) -> None:
         import numpy as np

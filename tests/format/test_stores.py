@@ -131,8 +131,7 @@ def test_inspect_and_index_a_dataset_in_a_bucket(dataset):
 def test_verify_a_dataset_in_a_bucket(dataset):
     verified = run_here("verify", dataset, "--no-progress")
     assert verified.returncode == 0, verified.stderr
-    # train 2 shards (--min-shards 2), val 1 (the minimum scaled to its 6 images)
-    assert verified.stdout.startswith("ok: 3 shards, 24 records match"), verified.stdout
+    assert verified.stdout.startswith("ok: 4 shards, 24 records match"), verified.stdout
 
 
 def test_convert_a_folder_that_is_in_a_bucket(bucket, tmp_path):

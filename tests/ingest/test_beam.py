@@ -122,7 +122,7 @@ def test_a_rerun_after_the_launcher_died_only_writes_the_manifest(src, tmp_path,
     with monkeypatch.context() as patch:
         patch.setattr(BeamJob, "_pipeline", lambda self: pytest.fail("a pipeline ran again"))
         result = chute.convert(src, out, runner="DirectRunner", pipeline_args=DIRECT, **OPTIONS)
-    assert result.resumed_shards == 4  # train 2, val and test 1 each (min_shards scaled)
+    assert result.resumed_shards == 6
     assert tree_bytes(out) == tree_bytes(reference)
 
 

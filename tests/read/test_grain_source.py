@@ -153,7 +153,7 @@ def test_a_dataset_without_indexes_says_to_run_chute_index(dataset):
 
 
 def test_a_missing_or_changed_index_is_refused(dataset):
-    # the train split: 2 shards (val's 6 images are one, min_shards scaled to its size)
+    # a second shard's index: the train split's
     shards = chute.load_manifest(dataset).splits["train"]["shards"]
     (dataset / record_index.FOLDER / shards[1]["index"]["file"]).unlink()
     with pytest.raises(ChuteError, match="is missing: run `chute index"):

@@ -19,11 +19,10 @@ VAL1 = "val-00001-of-00002.tfrecord"
 
 @pytest.fixture
 def dataset(tmp_path: Path) -> Path:
-    """A freshly converted dataset (tests damage it): 3 classes, raw 12x10, 2+2 shards
-    (val as large as train: min_shards applies to val scaled to its size)."""
+    """A freshly converted dataset (tests damage it): 3 classes, raw 12x10, 2+2 shards."""
     src = make_folder(tmp_path / "src", {"a": 10, "b": 8, "c": 6})
     out = tmp_path / "out"
-    chute.convert(src, out, val_fraction=0.5, min_shards=2, workers=1)
+    chute.convert(src, out, val_fraction=0.25, min_shards=2, workers=1)
     return out
 
 
@@ -193,7 +192,7 @@ def test_verify_on_a_tf_filesystem_downloads_each_shard_once(tmp_path, monkeypat
 
     src = make_folder(tmp_path / "src", {"a": 10, "b": 8, "c": 6})
     out = f"ram://verify-{tmp_path.name}"
-    chute.convert(src, out, val_fraction=0.5, min_shards=2, workers=1)
+    chute.convert(src, out, val_fraction=0.25, min_shards=2, workers=1)
     read_from = []
     real_read = verification._read_records
 
@@ -231,7 +230,7 @@ def test_a_version_2_manifest_with_dense_shard_counts_still_verifies(dataset):
 
     _edit_manifest(dataset, to_version_2)
     assert chute.verify(dataset).ok
-    assert chute.load_manifest(dataset).num_examples("val") == 12
+    assert chute.load_manifest(dataset).num_examples("val") == 6
 
     def move_one(body):
         dense = _shard_entry(body, VAL1)["class_counts"]
@@ -322,4 +321,4 @@ def test_a_local_split_is_read_in_one_pass_and_a_damaged_shard_in_it_is_named(
     assert any("CRC" in problem or "corrupt" in problem for _, problem in report.problems)
     # read alone: from the last shard seen whole up to the damaged one; then one pass again
     assert alone[-1] == damaged and all(name <= damaged for name in alone)
-    assert report.num_shards == 96 + 24 and report.num_records >= 240 - 2
+    assert report.num_shards == 96 + 48 and report.num_records >= 240 - 2

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 RAW_AUTO_MAX_PIXELS = 128 * 128  # up to here raw pixels are barely larger than PNG
 DEFAULT_MIN_SHARDS = 16
 MIN_RECORDS_PER_SHARD = 64  # below this, more files only add open/seek overhead
-EVALUATION_SHARD_SHARE = 4  # val/test shards keep >= 1/4 of a train shard's records (or 64)
+EVALUATION_SHARD_SHARE = 4  # val/test shards keep >= 1/4 of a train shard's records
 SHARD_NAME = re.compile(r"^(train|val|test)-(\d{5})-of-(\d{5})\.tfrecord$")
 
 
@@ -174,16 +174,18 @@ def shard_runs(
 
 def evaluation_min_records(train_records_per_shard: int) -> int:
     """The records each val or test shard keeps at least when an explicit ``min_shards``
-    cuts the split: 64 (``MIN_RECORDS_PER_SHARD``), or a quarter of a train shard's
-    records when those are fewer (``min_shards`` is for the train split's readers).
+    cuts the split: a quarter of a train shard's (``min_shards`` is for the train split's
+    readers).
 
     Example:
-        >>> evaluation_min_records(74), evaluation_min_records(10_000)
-        (18, 64)
+        >>> evaluation_min_records(74), evaluation_min_records(1251)
+        (18, 312)
     """
     # An evaluation split is read once an epoch, in order: cut as finely as the train split
-    # (--min-shards 16 made a 12-image val split 12 shards), its files only add opens.
-    return min(MIN_RECORDS_PER_SHARD, train_records_per_shard // EVALUATION_SHARD_SHARE)
+    # (--min-shards 16 made a 12-image val split 12 shards), its files only add opens. No
+    # cap at 64 records: ImageNet's 50,000 val images at --min-shards 1024 (1,251 records a
+    # train shard) were 781 files of 64; a quarter of a train shard makes them 160.
+    return train_records_per_shard // EVALUATION_SHARD_SHARE
 
 
 def split_of(name: str) -> str:
@@ -205,40 +207,19 @@ class Shard:
     indices: list[int]
 
 
-def evaluation_min_shards(min_shards: int | None, records: int, train_records: int) -> int | None:
-    """An explicit ``min_shards`` as it applies to a val or test split of ``records``: the
-    train split's minimum scaled to the split's size, so its shards hold as many records
-    as the train split's (ImageNet's 50,000 val images at ``--min-shards 1024``: 40
-    shards, not 781). The minimum is for the train split's shuffled, interleaved reads;
-    an evaluation split is read once an epoch, in order, where more files only add opens.
-
-    Example:
-        >>> evaluation_min_shards(1024, 50_000, 1_281_167), evaluation_min_shards(None, 5, 9)
-        (40, None)
-    """
-    if min_shards is None or train_records <= 0:
-        return min_shards
-    return max(1, math.ceil(min_shards * records / train_records))
-
-
 def plan_shards(
     splits: dict[str, list[int]], bytes_per_record: float, options: ConvertOptions
 ) -> list[Shard]:
     """Every shard of every split, train first (the order the LeakGuard needs); val
-    and test shards keep :func:`evaluation_min_records` of the train split's, and an
-    explicit ``min_shards`` applies to them scaled to their size
-    (:func:`evaluation_min_shards`)."""
+    and test shards keep :func:`evaluation_min_records` of the train split's."""
     planned = []
     min_records = 0
-    train_records = len(splits.get("train", ()))
     for split, indices in splits.items():
         runs = shard_runs(
             len(indices),
             bytes_per_record,
             shard_size_mb=options.shard_size_mb,
-            min_shards=options.min_shards
-            if split == "train"
-            else evaluation_min_shards(options.min_shards, len(indices), train_records),
+            min_shards=options.min_shards,
             hosts=options.hosts,
             min_records=0 if split == "train" else min_records,
         )

@@ -71,10 +71,9 @@ class ConvertOptions:
             each host reads its own equal share of files.
         min_shards: minimum shards of the train split (read in a shuffled order
             of files, shared out by file among hosts and workers); val and test,
-            read once per epoch in order, get it scaled to their size (shards of
-            as many images as the train split's: ImageNet's 50,000 val images at
-            1,024 get 40), and only as far as each of their shards keeps 64
-            images, or a quarter of a train shard's when those are fewer.
+            read once per epoch in order, get it only as far as each of their
+            shards keeps a quarter of a train shard's images (ImageNet's 50,000
+            val images at 1,024: 160 shards, not 781).
             ``None`` means 16 for any split with enough images (at least 64 per
             shard).
         max_pixels: images with more pixels are rejected (decompression bombs).
@@ -126,9 +125,8 @@ class ConvertOptions:
     shard_size_mb: float = option(128.0, "target shard size in MB")
     min_shards: int | None = option(
         None,
-        "shards of the train split at least; val and test get it scaled to their size, as far "
-        "as each shard keeps 64 images or a quarter of a train shard's (default: 16 when each "
-        "gets >= 64)",
+        "shards of the train split at least; val and test get it as far as each shard keeps "
+        "a quarter of a train shard's images (default: 16 when each gets >= 64)",
         type=int,
     )
     hosts: int = option(
