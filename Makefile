@@ -10,7 +10,7 @@ BIN = $(VENV)/bin
 # pytest-xdist workers: one per core (CI machines have 2).
 WORKERS ?= auto
 
-.PHONY: demo test test-fast lint format package-check bench bench-remote bench-peers clean
+.PHONY: demo test test-fast lint format docs docs-screenshot package-check bench bench-remote bench-peers clean
 
 # Everything the tests, the linters and package-check need; [dev] holds the demo's TensorFlow
 # too, so the demo's stamp is made with it.
@@ -37,8 +37,9 @@ demo: $(BIN)/.installed-demo
 # machines' environments turn off with PYTHONDONTWRITEBYTECODE) they compile it once.
 TEST_ENV = PYTHONDONTWRITEBYTECODE=
 
-# The whole suite (what CI runs) on parallel workers, slow multi-process tests included.
-test: $(BIN)/.installed lint
+# The whole suite (what CI runs) on parallel workers, slow multi-process tests included; the
+# documentation site is built first (tests/test_docs.py runs its examples).
+test: $(BIN)/.installed lint docs
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(WORKERS)
 
 # The inner loop: everything but the tests marked slow (multi-process runs, training).
@@ -54,6 +55,20 @@ lint: $(BIN)/.installed
 format: $(BIN)/.installed
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# The documentation site (docs/, mkdocs.yml) into site/, warnings as errors: a broken link,
+# anchor or API reference fails the build.
+docs: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The built site's front page in headless Chromium (Debian's chromium package), offline:
+# site/front-page.png. tests/test_docs.py takes and checks the same screenshot where
+# Chromium is installed.
+docs-screenshot: docs
+	chromium --headless --no-sandbox --disable-gpu --disable-background-networking \
+		--disable-component-update --disable-sync --no-first-run \
+		--user-data-dir=$$(mktemp -d) --window-size=1280,900 \
+		--screenshot=$(CURDIR)/site/front-page.png file://$(CURDIR)/site/index.html
 
 # What a user installs, built and tried as a user would (about 25 s; the fresh virtualenv
 # downloads chute's dependencies and Grain, no TensorFlow).
@@ -85,4 +100,4 @@ bench-peers: $(BIN)/.installed
 		--json benchmarks/results/peers-glyphs.json
 
 clean:
-	rm -rf $(VENV) chute-demo .pytest_cache
+	rm -rf $(VENV) chute-demo .pytest_cache site
