@@ -38,19 +38,20 @@ import textwrap
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_remote, bench_service
 PYTHON = sys.executable
 CHUTE = str(Path(PYTHON).with_name("chute"))
 NOFILE = 256  # the descriptor limit every reading stage runs under
 
 
-def _child(code: str, *args: str) -> dict:
+def _child(code: str, *args: str, env: dict | None = None) -> dict:
     """Runs ``code`` (Python, its result printed as ``RESULT <json>`` on one line) in a
     process of its own: that result, with the wall seconds, CPU seconds (the process and
     the processes it waited for) and the peak RSS in MB of the largest of them."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         process = subprocess.Popen([PYTHON, "-c", textwrap.dedent(code), *args], stdout=out,
-                                   stderr=err, text=True)  # fmt: skip
+                                   stderr=err, text=True, env=env)  # fmt: skip
         _, status, usage = os.wait4(process.pid, 0)  # this child's own resource usage
         process.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - started
@@ -316,6 +317,48 @@ if __name__ == "__main__":
                                 "resume_3_pipelines_s": seconds}))
 """
 
+BUCKET_EPOCH = """
+import json, os, sys, time
+import chute
+
+if __name__ == "__main__":
+    url, cache, passes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    started = time.perf_counter()
+    train = chute.load(url, batch_size=256, seed=0, engine="grain", workers=2, cache_dir=cache,
+                       cache_limit="8GB")
+    rows = []
+    for epoch in range(passes):
+        begun = time.perf_counter()
+        n = 0
+        for n, _ in enumerate(train, 1):
+            if n == 1 and epoch == 0:
+                first = time.perf_counter() - started
+        rows.append({"epoch": epoch + 1, "s": time.perf_counter() - begun,
+                     "images_per_s": n * 256 / (time.perf_counter() - begun)})
+    print("RESULT", json.dumps({"first_batch_s": first, "epochs": rows}))
+"""
+
+SERVICE = """
+import json, sys, time
+import chute
+
+if __name__ == "__main__":
+    data, address, batches = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    options = {"data_service": address} if address != "-" else {}
+    train = chute.load(data, batch_size=256, seed=0, cache=None, repeat=True, **options)
+    iterator = iter(train)
+    started = time.perf_counter()
+    next(iterator)
+    first = time.perf_counter() - started
+    for _ in range(200):  # warm: the workers' pipelines are running
+        next(iterator)
+    begun = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    seconds = time.perf_counter() - begun
+    print("RESULT", json.dumps({"first_batch_s": first, "images_per_s": batches * 256 / seconds}))
+"""
+
 TRAIN_EVAL = """
 import json, os, sys, time
 import chute
@@ -345,7 +388,9 @@ def _reading(data: Path, epochs: int, results: dict) -> None:
         print(f"  read {engine}: {json.dumps(results[f'read_{engine}'])}", flush=True)
 
 
-def run_imagenet(work: Path, scale: float, epochs: int) -> dict:
+def run_imagenet(
+    work: Path, scale: float, epochs: int, *, bucket: bool = True, service: bool = True
+) -> dict:
     results: dict = {}
     source, data = work / "imagenet.npz", work / "imagenet"
     results["source"] = _child(MAKE_IMAGENET, str(scale), str(source))
@@ -367,11 +412,49 @@ def run_imagenet(work: Path, scale: float, epochs: int) -> dict:
     results["grain_state"] = _child(GRAIN_STATE, str(data), str(step))
     results["grain_stream"] = _child(GRAIN_STREAM, str(data), str(step))
     results["elastic"] = _child(ELASTIC, str(data), str(min(step, 1500)))
-    print(
-        f"  resume: {json.dumps([results[k] for k in ('grain_state', 'grain_stream', 'elastic')])}",
-        flush=True,
-    )
+    shown = [results[k] for k in ("grain_state", "grain_stream", "elastic")]
+    print(f"  resume: {json.dumps(shown)}", flush=True)
+    if bucket:
+        results["bucket"] = _bucket(work, data)
+        print(f"  bucket: {json.dumps(results['bucket'])}", flush=True)
+    if service:
+        results["service"] = _service(work, data)
+        print(f"  service: {json.dumps(results['service'])}", flush=True)
     return results
+
+
+def _bucket(work: Path, data: Path) -> dict:
+    """The Grain engine's first pass (and a second, from the warm cache) of the split in an
+    S3 bucket on 127.0.0.1 behind bench_remote.py's 20 ms latency proxy."""
+    import bench_remote
+
+    store = bench_remote.Store(latency_ms=20)
+    try:
+        started = time.perf_counter()
+        bench_remote.upload(str(data), store.moto, "imagenet")
+        uploaded = time.perf_counter() - started
+        env = {**os.environ, **bench_remote.aws_environment(store.proxy)}
+        url = f"s3://{bench_remote.BUCKET}/imagenet"
+        result = _child(BUCKET_EPOCH, url, str(work / "cache"), "2", env=env)
+        return {**result, "upload_s": round(uploaded, 1)}
+    finally:
+        store.close()
+
+
+def _service(work: Path, data: Path) -> dict:
+    """Training batches through the tf.data service with 2 workers (chute data-service, on
+    127.0.0.1) against the same pipeline in this process, neither cached."""
+    import bench_service
+
+    cluster = bench_service.Cluster(2, str(work)).start()
+    try:
+        through = _child(SERVICE, str(data), cluster.address, "3000")
+        cluster.check()
+        server_cpu = cluster.cpu_seconds()
+    finally:
+        cluster.stop()
+    direct = _child(SERVICE, str(data), "-", "3000")
+    return {"service_2_workers": through, "direct": direct, "server_cpu_s": round(server_cpu, 1)}
 
 
 def run_many_classes(work: Path, records: int, epochs: int) -> dict:
@@ -410,6 +493,8 @@ def main() -> None:
     parser.add_argument("--records-21k", type=int, default=300_000)
     parser.add_argument("--records-multilabel", type=int, default=100_000)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--no-bucket", action="store_true", help="skip the S3 stage")
+    parser.add_argument("--no-service", action="store_true", help="skip the tf.data service")
     parser.add_argument("--work-dir", type=Path, help="kept (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -421,7 +506,9 @@ def main() -> None:
             print(f"{shape}:", flush=True)
             started = time.perf_counter()
             if shape == "imagenet":
-                results[shape] = run_imagenet(work, args.scale, args.epochs)
+                results[shape] = run_imagenet(work, args.scale, args.epochs,
+                                              bucket=not args.no_bucket,
+                                              service=not args.no_service)  # fmt: skip
             elif shape == "21k":
                 results[shape] = run_many_classes(work, args.records_21k, args.epochs)
             elif shape == "multilabel":
