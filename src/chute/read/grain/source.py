@@ -323,13 +323,22 @@ class GrainSource:
         return data
 
     def _read_cached(self, shard: int, offset: int, size: int) -> bytes:
+        return self._pread(self._held, shard, offset, size, self._hold)
+
+    def _read_local(self, shard: int, offset: int, size: int) -> bytes:
+        return self._pread(self._fds, shard, offset, size, self._open_local)
+
+    def _pread(self, files, shard: int, offset: int, size: int, opener) -> bytes:
+        """One positioned read of ``shard`` through ``files`` (shard -> ``[fd, reads under
+        way]``, least recently read first), its file opened by ``opener`` if needed; the
+        file is not closed while the read is under way (another thread may want its slot)."""
         with self._fds_lock:
-            held = self._held.get(shard)
+            held = files.get(shard)
             if held is not None:
                 held[1] += 1
-                self._held.move_to_end(shard)
+                files.move_to_end(shard)
         if held is None:
-            held = self._hold(shard)
+            held = opener(shard)
         try:
             return os.pread(held[0], size, offset)
         finally:
@@ -343,59 +352,40 @@ class GrainSource:
             self.cache.prefetch(self.location, self._shards)
         # Outside the lock: a download takes a while, and reads of other shards go on.
         fd = self.cache.open(self.location, self._shards[shard])
-        with self._fds_lock:
-            held = self._held.get(shard)
-            if held is not None:  # another thread opened it meanwhile
-                os.close(fd)
-            else:
-                held = self._held[shard] = [fd, 0]
-            held[1] += 1
-            # Closed, so that the cache may evict them: copies read longest ago, not in use;
-            # and so that this process's descriptors stay bounded whatever the shard count.
-            sizes = {number: self._shards[number].bytes for number in self._held}
-            for number, (old, users) in list(self._held.items()):
-                if sum(sizes.values()) <= self._room and len(sizes) <= self._max_open:
-                    break
-                if users == 0 and number != shard:
-                    os.close(old)
-                    del self._held[number], sizes[number]
-        return held
 
-    def _read_local(self, shard: int, offset: int, size: int) -> bytes:
-        """One positioned read of a local shard, its file opened if needed; the file is not
-        closed while the read is under way (another thread may want its slot)."""
-        with self._fds_lock:
-            held = self._fds.get(shard)
-            if held is not None:
-                held[1] += 1
-                self._fds.move_to_end(shard)
-        if held is None:
-            held = self._open_local(shard)
-        try:
-            return os.pread(held[0], size, offset)
-        finally:
-            with self._fds_lock:
-                held[1] -= 1
+        # Closed, so that the cache may evict them: copies read longest ago, not in use;
+        # and so that this process's descriptors stay bounded whatever the shard count.
+        def fits(files) -> bool:
+            room = sum(self._shards[number].bytes for number in files)
+            return room <= self._room and len(files) <= self._max_open
+
+        return self._adopt(self._held, shard, fd, fits)
 
     def _open_local(self, shard: int) -> list[int]:
         """Opens a local shard for one read, closing the files read longest ago (with no
         read under way) beyond this process's limit."""
         path = storage.local_path(self._paths[shard])
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return self._adopt(self._fds, shard, fd, lambda files: len(files) <= self._max_open)
+
+    def _adopt(self, files, shard: int, fd: int, fits) -> list[int]:
+        """``fd`` kept in ``files`` as ``shard``'s for one read (closed where another thread
+        opened it meanwhile); then the files read longest ago, with no read under way,
+        closed until ``fits(files)``."""
         with self._fds_lock:
-            held = self._fds.get(shard)
-            if held is not None:  # another thread opened it meanwhile
+            held = files.get(shard)
+            if held is not None:
                 os.close(fd)
             else:
-                held = self._fds[shard] = [fd, 0]
+                held = files[shard] = [fd, 0]
             held[1] += 1
-            self._fds.move_to_end(shard)
-            for number, (old, users) in list(self._fds.items()):
-                if len(self._fds) <= self._max_open:
+            files.move_to_end(shard)
+            for number, (old, users) in list(files.items()):
+                if fits(files):
                     break
-                if users == 0:
+                if users == 0 and number != shard:
                     os.close(old)
-                    del self._fds[number]
+                    del files[number]
         return held
 
     def _handle(self, shard: int) -> IO[bytes]:
