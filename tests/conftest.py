@@ -12,7 +12,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import FAST_TRAINING, make_folder, once_per_run, write_multi_label_list
+from helpers import (
+    FAST_TRAINING,
+    convert_arrays,
+    make_folder,
+    once_per_run,
+    write_multi_label_list,
+)
 
 # Object-store servers on 127.0.0.1 (s3_endpoint, gcs_endpoint): tests/object_stores.py
 pytest_plugins = ("object_stores",)
@@ -70,14 +76,7 @@ def many_shards(tmp_path_factory) -> Path:
     raw 8x8 grayscale images from arrays, train 192 in 96 shards of 2, val 48 in 48."""
 
     def build(root: Path) -> None:
-        import numpy as np
-
-        import chute
-
-        rng = np.random.default_rng(0)
-        images = rng.integers(0, 255, (240, 8, 8, 1), dtype=np.uint8)
-        np.savez(root / "arrays.npz", x=images, y=np.arange(240) % 4)
-        chute.convert(root / "arrays.npz", root / "shards", val_fraction=0.2, min_shards=96)
+        convert_arrays(root, 240, 4, val_fraction=0.2, min_shards=96)
 
     return once_per_run(tmp_path_factory, "many-shards", build) / "shards"
 

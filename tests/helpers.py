@@ -42,6 +42,18 @@ def write_image(
     return path
 
 
+def convert_arrays(root: Path, count: int, classes: int, **options) -> Path:
+    """``count`` random raw 8x8 grayscale images, ``classes`` classes in turn, saved as
+    ``root/arrays.npz`` and converted (``options``: ``chute.convert``'s) to ``root/shards``."""
+    import chute
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, (count, 8, 8, 1), dtype=np.uint8)
+    np.savez(root / "arrays.npz", x=images, y=np.arange(count) % classes)
+    chute.convert(root / "arrays.npz", root / "shards", **options)
+    return root / "shards"
+
+
 def write_banded(root: Path, per_class: int = 24, size: int = 16) -> None:
     """3 classes x ``per_class`` grayscale PNGs in ``root/a|b|c`` that a small CNN tells
     apart in a few epochs: a bright band whose row says the class."""

@@ -9,9 +9,8 @@ import os
 import tracemalloc
 from pathlib import Path
 
-import numpy as np
 import pytest
-from helpers import once_per_run
+from helpers import convert_arrays, once_per_run
 
 import chute
 
@@ -21,10 +20,7 @@ def thousands(tmp_path_factory) -> Path:
     """3,000 raw 8x8 grayscale records over 30 classes in 24 shards."""
 
     def build(root: Path) -> None:
-        rng = np.random.default_rng(0)
-        images = rng.integers(0, 255, (3000, 8, 8, 1), dtype=np.uint8)
-        np.savez(root / "arrays.npz", x=images, y=np.arange(3000) % 30)
-        chute.convert(root / "arrays.npz", root / "shards", min_shards=24, workers=1)
+        convert_arrays(root, 3000, 30, min_shards=24, workers=1)
 
     return once_per_run(tmp_path_factory, "thousands", build) / "shards"
 
