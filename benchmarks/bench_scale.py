@@ -191,8 +191,8 @@ print("RESULT", json.dumps({"hash_s": time.perf_counter() - started, "bytes": to
 
 READ_EPOCHS = """
 import json, os, resource, sys, time
-limit = int(sys.argv[3])
-resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+limit = int(sys.argv[3])  # as `ulimit -n` sets it: soft and hard
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 import chute
 
 def tree(pid):

@@ -424,8 +424,8 @@ import os, resource, sys
 import chute
 
 if __name__ == "__main__":
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), hard))
+    limit = int(sys.argv[2])  # as `ulimit -n` sets it: soft and hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
     for workers in (0, 2):
         train = chute.load(sys.argv[1], engine="grain", batch_size=8, seed=0, workers=workers)
         for epoch in range(2):

@@ -219,7 +219,7 @@ def test_open_shards_are_bounded_whatever_the_shard_count(many_shards, monkeypat
 
     from chute.read.grain import source as source_lib
 
-    monkeypatch.setattr(source_lib, "max_open_files", lambda: 3)
+    monkeypatch.setattr(source_lib, "max_open_files", lambda wanted=0: 3)
     source = chute.grain_source(many_shards, "train")
     assert len(source.shard_starts) == 96
     before = _open_descriptors()
@@ -234,22 +234,30 @@ def test_open_shards_are_bounded_whatever_the_shard_count(many_shards, monkeypat
 
 def test_the_open_file_limit_follows_rlimit_nofile():
     """A share of the process's own limit, read in the process that reads (a worker may
-    run under another limit than the process that made the source)."""
+    run under another limit than the process that made the source); raised first toward
+    the hard limit where a split has more shards than the share (as ``ulimit -n`` would),
+    never past a hard limit (``ulimit -n N`` sets both)."""
     resource = pytest.importorskip("resource")
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     code = (
-        "import resource, sys; from chute.read.grain.source import max_open_files; "
-        "limit = int(sys.argv[1]); "
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit("
-        "resource.RLIMIT_NOFILE)[1])); print(max_open_files())"
+        "import resource, sys; from chute.read.grain.limits import max_open_files; "
+        "soft, hard, wanted = map(int, sys.argv[1:]); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard if hard else "
+        "resource.getrlimit(resource.RLIMIT_NOFILE)[1])); "
+        "print(max_open_files(wanted), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
-    for limit, expected in ((24, 4), (256, 32), (1024, 128)):
-        if hard != resource.RLIM_INFINITY and limit > hard:
+    cases = [  # (soft, hard (0: as it is), shards) -> (share, soft limit after)
+        ((24, 0, 0), (4, 24)), ((256, 0, 0), (32, 256)), ((1024, 0, 0), (128, 1024)),
+        ((256, 256, 1024), (32, 256)),  # ulimit -n 256: the share holds, whatever the shards
+        ((256, 0, 1024), (1024, 8192)),  # room under the hard limit: raised for 1,024 shards
+    ]  # fmt: skip
+    for (soft, hard_asked, wanted), expected in cases:
+        if hard != resource.RLIM_INFINITY and max(soft, hard_asked, 8192) > hard:
             continue
-        done = subprocess.run([sys.executable, "-c", code, str(limit)], capture_output=True,
+        args = [str(soft), str(hard_asked), str(wanted)]
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
                               text=True, timeout=60, check=True)  # fmt: skip
-        assert int(done.stdout) == expected
-    assert soft > 0
+        assert tuple(map(int, done.stdout.split())) == expected, (soft, hard_asked, wanted)
 
 
 def test_record_indexes_load_without_a_python_object_a_record(many_shards, monkeypatch):

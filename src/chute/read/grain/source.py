@@ -24,10 +24,10 @@ first read). Each process keeps the copies it reads open (which keeps them in
 the cache), at most half the cache's limit of them when the split does not fit.
 
 Open files are bounded whatever the shard count: each process keeps at most
-:func:`max_open_files` shards open (a fraction of its ``RLIMIT_NOFILE``), and closes
-the one read longest ago, with no read under way, to open another. ImageNet's 1,024
-shards read at ``ulimit -n 256`` as they do at any limit; a shard reopened costs one
-``open``, a few microseconds.
+:func:`~chute.read.grain.limits.max_open_files` shards open (a share of its
+``RLIMIT_NOFILE``, raised first where the hard limit allows), and closes the one read
+longest ago, with no read under way, to open another. ImageNet's 1,024 shards read at
+``ulimit -n 256`` as they do at any limit.
 
 Example:
     >>> import grain  # doctest: +SKIP
@@ -61,14 +61,12 @@ from chute.format import manifest as manifest_lib
 from chute.format import parse, records, storage
 from chute.format.splits import Shard
 from chute.read.cache import ShardCache
+from chute.read.grain.limits import max_open_files
 
 log = logging.getLogger(__name__)
 _PREAD = hasattr(os, "pread")  # not on Windows
 _REMOTE_THREADS = 16  # record indexes on a bucket are read in parallel
 _OPEN_TRIES = 3  # a cached copy evicted between its download and its open: fetched again
-# Shards each source keeps open in a process: this share of the process's RLIMIT_NOFILE (the
-# rest is for TensorFlow, sockets, the other splits' sources, Grain's queues), within bounds.
-_OPEN_SHARE, _MIN_OPEN, _MAX_OPEN = 8, 4, 256
 # Every source of this process: a forked child closes their files at once, not at its first
 # read (it may never read: a copy of a shard cache entry held open keeps it from eviction).
 _sources: weakref.WeakSet[GrainSource] = weakref.WeakSet()
@@ -81,25 +79,6 @@ def _forked() -> None:
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_forked)
-
-
-def max_open_files() -> int:
-    """How many shards a source keeps open at once in this process: an eighth of the soft
-    ``RLIMIT_NOFILE`` (``ulimit -n``), at least 4 and at most 256 (what reads gain from
-    more is nothing: a reopen costs one ``open``).
-
-    Example:
-        >>> 4 <= max_open_files() <= 256
-        True
-    """
-    try:
-        import resource
-    except ImportError:  # Windows: no such limit to stay under; the C runtime's own is 512
-        return 64
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return _MAX_OPEN
-    return max(_MIN_OPEN, min(_MAX_OPEN, soft // _OPEN_SHARE))
 
 
 def grain_source(
@@ -176,7 +155,8 @@ class GrainSource:
     def _open(self) -> None:
         """Per-process state: no file open yet (opened on first use, in this process)."""
         self._pid = os.getpid()
-        self._max_open = max_open_files()  # this process's limit, read in this process
+        # this process's limit, read (and raised, where allowed) in this process
+        self._max_open = max_open_files(len(self._shards))
         # shard -> [fd, reads under way], least recently used first (local shards)
         self._fds: collections.OrderedDict[int, list[int]] = collections.OrderedDict()
         self._fds_lock = threading.Lock()
@@ -350,8 +330,11 @@ class GrainSource:
         if not (self._planned or self._prefetching):  # nobody said the order: manifest order
             self._prefetching = True
             self.cache.prefetch(self.location, self._shards)
-        # Outside the lock: a download takes a while, and reads of other shards go on.
-        fd = self.cache.open(self.location, self._shards[shard])
+        # Outside the lock: a download takes a while, and reads of other shards go on. A
+        # copy it holds already (closed to stay under the descriptor limit) opens cheaply.
+        fd = self.cache.reopen(self._shards[shard])
+        if fd is None:
+            fd = self.cache.open(self.location, self._shards[shard])
 
         # Closed, so that the cache may evict them: copies read longest ago, not in use;
         # and so that this process's descriptors stay bounded whatever the shard count.
