@@ -299,35 +299,6 @@ class ShardCache:
             f"larger cache_limit (--cache-limit). Received: cache_limit={self.limit}"
         )
 
-    def reopen(self, shard: Shard) -> int | None:
-        """:meth:`open` of a copy the cache holds whole, without its bookkeeping (no fetch,
-        no move of the prefetch position); None when it holds none (then :meth:`open`).
-
-        A reader that keeps a bounded number of copies open (a split of more shards than
-        its descriptors allow) closes and opens them again all the time: through
-        :meth:`open`, that cost 3x a warm epoch's time.
-
-        Example:
-            >>> fd = cache.reopen(shard)  # doctest: +SKIP
-            >>> fd = cache.open(location, shard) if fd is None else fd  # doctest: +SKIP
-        """
-        if os.getpid() != self._pid:  # forked: per-process state of its own
-            return None
-        path = self.path(shard)
-        if not _whole(path, shard.bytes):
-            return None
-        try:
-            fd = os.open(path, os.O_RDONLY | _BINARY)
-        except FileNotFoundError:  # evicted since
-            return None
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            if not _same_file(fd, path):  # evicted between the open and the lock
-                os.close(fd)
-                return None
-        self._touch(shard.sha256, path)  # its last use, for eviction (every few seconds)
-        return fd
-
     def open_all(self, location: str, shards: Sequence[Shard]) -> list[int]:
         """:meth:`open` of every shard, downloaded in parallel (all closed on an error)."""
         with ThreadPoolExecutor(max(1, min(2 * THREADS, len(shards)))) as pool:

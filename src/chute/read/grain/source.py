@@ -330,11 +330,8 @@ class GrainSource:
         if not (self._planned or self._prefetching):  # nobody said the order: manifest order
             self._prefetching = True
             self.cache.prefetch(self.location, self._shards)
-        # Outside the lock: a download takes a while, and reads of other shards go on. A
-        # copy it holds already (closed to stay under the descriptor limit) opens cheaply.
-        fd = self.cache.reopen(self._shards[shard])
-        if fd is None:
-            fd = self.cache.open(self.location, self._shards[shard])
+        # Outside the lock: a download takes a while, and reads of other shards go on.
+        fd = self.cache.open(self.location, self._shards[shard])
 
         # Closed, so that the cache may evict them: copies read longest ago, not in use;
         # and so that this process's descriptors stay bounded whatever the shard count.
