@@ -277,3 +277,28 @@ def test_the_training_map_averages_the_labels_with_a_positive_as_evaluate_does(m
     present = training._labels_present(manifest, "val")
     assert present == [count > 0 for count in manifest.split("val").class_counts]
     assert training._labels_present(chute.load_manifest(str(multi_label_data)), "train")
+
+
+def test_large_reports_pool_and_average_in_blocks_with_the_same_figures(monkeypatch):
+    """10,000 images of 10,000 labels held GBs: the loss is summed a block of rows at a
+    time and the micro-average curve counted in score bins; on arrays made "large" here
+    both agree with the whole-array figures (the loss to float64 rounding, the pooled
+    AP to the bins' width)."""
+    from chute.fit import evaluate_labels
+
+    rng = np.random.default_rng(0)
+    truth = (rng.random((300, 40)) < 0.1).astype(np.float32)
+    scores = np.clip(truth * 0.3 + rng.random((300, 40)) * 0.7, 0, 1).astype(np.float32)
+    p = np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7)
+    whole = -(truth * np.log(p) + (1 - truth) * np.log(1 - p)).mean()
+    monkeypatch.setattr(evaluate_labels, "_LOSS_ROWS", 7)
+    assert evaluate_labels._binary_cross_entropy(truth, scores) == pytest.approx(whole, rel=1e-9)
+
+    def pooled_ap(recall, precision):
+        return float(np.sum(np.diff(recall, prepend=0.0) * precision))
+
+    exact = pooled_ap(*multilabel.pooled_precision_recall(truth, scores))
+    monkeypatch.setattr(multilabel, "_EXACT_CELLS", 100)
+    monkeypatch.setattr(multilabel, "_BIN_ROWS", 64)
+    binned = pooled_ap(*multilabel.pooled_precision_recall(truth, scores))
+    assert binned == pytest.approx(exact, abs=2e-3) and 0.3 < exact < 1

@@ -26,7 +26,11 @@ from functools import cache
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from chute.fit.multilabel import average_precision, precision_recall_curve
+from chute.fit.multilabel import (
+    average_precision,
+    pooled_precision_recall,
+    precision_recall_curve,
+)
 from chute.format import storage
 
 log = logging.getLogger(__name__)
@@ -516,7 +520,7 @@ def draw_precision_recall(
         text, caption_font = captions[n]
         curve = precision_recall_curve(y_true[:, label], scores[:, label])
         entries.append((_PALETTE[n % len(_PALETTE)], 2, text, caption_font, *curve, ap[label]))
-    recall, precision = precision_recall_curve(y_true.ravel(), scores.ravel())
+    recall, precision = pooled_precision_recall(y_true, scores)
     pooled = np.sum(np.diff(recall, prepend=0.0) * precision) if len(recall) else np.nan
     entries.append(("black", 3, "micro-average", font, recall, precision, pooled))
     for row, (colour, width, text, caption_font, recall, precision, figure) in enumerate(entries):
