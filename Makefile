@@ -10,7 +10,7 @@ BIN = $(VENV)/bin
 # pytest-xdist workers: one per core (CI machines have 2).
 WORKERS ?= auto
 
-.PHONY: demo test test-fast lint format docs docs-screenshot package-check bench bench-remote bench-peers clean
+.PHONY: demo test test-fast lint format docs docs-screenshot package-check bench bench-remote bench-peers bench-scale bench-epochs clean
 
 # Everything the tests, the linters and package-check need; [dev] holds the demo's TensorFlow
 # too, so the demo's stamp is made with it.
@@ -98,6 +98,18 @@ bench-peers: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_peers.py --rounds 3 --json benchmarks/results/peers.json
 	$(BIN)/python benchmarks/bench_peers.py --workload glyphs --rounds 3 \
 		--json benchmarks/results/peers-glyphs.json
+
+# chute at ImageNet's shape (1.28M records, 1,024 shards), 21,841 classes and 10,000 labels:
+# conversion, indexes, verify, both engines' epochs under ulimit -n 256, resume, a bucket
+# behind a 20 ms proxy, the tf.data service (about 17 minutes on 2 cores).
+bench-scale: $(BIN)/.installed
+	mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/bench_scale.py --json benchmarks/results/scale.json
+
+# The cost of each epoch in a user's own model.fit, quiet and under load.
+bench-epochs: $(BIN)/.installed
+	mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/bench_epochs.py --json benchmarks/results/epochs.json
 
 clean:
 	rm -rf $(VENV) chute-demo .pytest_cache site
