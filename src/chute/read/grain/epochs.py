@@ -16,9 +16,11 @@ epoch was whole. :func:`epoch_read` notes an epoch read to its end, and that one
 following at once, is not shown; any other is.
 
 Example:
-    >>> reader_marks = Reader._MARKS
-    >>> reader_marks
-    4
+    >>> train = chute.load("./kn-shards", engine="grain", workers=2)  # doctest: +SKIP
+    >>> peek = next(iter(train))  # epoch 0, left part-way  # doctest: +SKIP
+    >>> first = list(train)  # epoch 0 again, whole, from the same workers  # doctest: +SKIP
+    >>> train.epoch, len(first) == len(train)  # doctest: +SKIP
+    (1, True)
 """
 
 from __future__ import annotations
