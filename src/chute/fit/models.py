@@ -6,7 +6,7 @@ casting and rescaling as its first layers, so the pipeline never converts to
 float (four times fewer bytes through the host-to-device link) and a saved
 model classifies raw pixels with nothing else to remember.
 
-Names: chute's own CNNs (:mod:`chute.fit.cnns`: ``"kannada-cnn"``,
+Names: chute's own CNNs (:mod:`chute.fit.cnns`: ``"chute-cnn"``, ``"kannada-cnn"``,
 ``"cifar-cnn"``, ``"resnet-small"``), and ``"MobileNetV2"``,
 ``"EfficientNetB0"``, ``"ResNet50"`` or any other ``keras.applications``
 model function by its Keras name (:mod:`chute.fit.backbones`). Case and
@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 MODEL_NAMES: tuple[str, ...] = (
+    "chute-cnn",
     "kannada-cnn",
     "cifar-cnn",
     "resnet-small",
@@ -80,7 +81,7 @@ def available_models() -> list[str]:
 
     Example:
         >>> available_models()[:3]
-        ['kannada-cnn', 'cifar-cnn', 'resnet-small']
+        ['chute-cnn', 'kannada-cnn', 'cifar-cnn']
     """
     return list(MODEL_NAMES)
 
@@ -122,6 +123,7 @@ def build_model(
     dropout: float = 0.2,
     steps_per_epoch: int | None = None,
     multi_label: bool = False,
+    width: int | None = None,
 ) -> Any:
     """Builds the classifier ``name`` for uint8 images of ``input_shape``.
 
@@ -151,6 +153,8 @@ def build_model(
             ``None``: chute's CNNs keep 0.9, a backbone its own.
         multi_label: a sigmoid output (an independent score per label, for images
             that carry several) in place of the softmax.
+        width: ``"chute-cnn"``'s stem filters (each stage doubles them, up to 8x);
+            default 16. Only chute-cnn has a width.
 
     Returns:
         An uncompiled ``keras.Model`` from uint8 ``(batch, *input_shape)`` to
@@ -162,7 +166,8 @@ def build_model(
             integers with 1 or 3 channels, or smaller than the model allows;
             ``num_classes`` below 2; ``dropout`` outside ``[0, 1)``;
             ``weights`` missing, of an unknown kind, or not fitting the model;
-            ``steps_per_epoch`` not a positive integer.
+            ``steps_per_epoch`` not a positive integer; ``width`` not a positive
+            integer, or given for another model.
 
     Example:
         >>> model = build_model("MobileNetV2", input_shape=(32, 32, 1), num_classes=5)
@@ -182,6 +187,10 @@ def build_model(
     imagenet = weights_path == IMAGENET
     if steps_per_epoch is not None:
         checks.positive_int("steps_per_epoch", steps_per_epoch)
+    if width is not None:
+        checks.positive_int("width", width)
+        if resolved != "chute-cnn":
+            raise checks.bad_value("width", width, f"None for model {name!r} (only chute-cnn)")
 
     if resolved in cnns.CNNS:
         if min(shape[:2]) < cnns.MIN_SIZE:
@@ -190,7 +199,8 @@ def build_model(
                 input_shape,
                 f"at least {cnns.MIN_SIZE}x{cnns.MIN_SIZE} pixels for model {name!r}",
             )
-        model, backbone = cnns.CNNS[resolved](shape, num_classes, dropout), None
+        sized = {} if width is None else {"width": width}
+        model, backbone = cnns.CNNS[resolved](shape, num_classes, dropout, **sized), None
     else:
         model, backbone = backbones.application_model(
             resolved, shape, num_classes, dropout, input_shape, imagenet=imagenet
