@@ -632,7 +632,10 @@ def _train(args: argparse.Namespace) -> int:
         flags["load"] = reading
     config = TrainConfig.from_toml(args.config, **flags) if args.config else TrainConfig(**flags)
     _refuse_image_folder(args.data, "DATA", "train")
-    run_dir = args.run_dir or os.path.join("runs", config.model)
+    from chute.fit.recipe import default_model
+
+    model = default_model(config)  # "auto" named as the model it is
+    run_dir = args.run_dir or os.path.join("runs", model)
     # Keras's bar is redrawn with carriage returns and ANSI codes every step: in a log
     # file (stdout not a terminal) one line per epoch (verbose=2) says the same
     bar = sys.stdout.isatty() if args.progress is None else args.progress
@@ -646,7 +649,7 @@ def _train(args: argparse.Namespace) -> int:
         else ("val accuracy", result.best_val_accuracy)
     )
     best = "n/a (no val split)" if value is None else f"{value:.4f}"
-    print(f"trained {config.model} on {_shown(args.data)} -> {_shown(result.run_dir)}")
+    print(f"trained {model} on {_shown(args.data)} -> {_shown(result.run_dir)}")
     print(
         f"  best {name} {best}; {result.epochs_run} epoch(s), "
         f"{result.seconds_per_epoch:.1f} s/epoch, {result.images_per_second:,.0f} images/s"

@@ -28,33 +28,57 @@ from chute.settings import from_mapping, option
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 AUGMENT_ON = ("auto", "host", "device")
-SCHEDULES = ("constant", "cosine", "exponential")
+AUTO = "auto"
+"""An option chute train chooses from the data (see :mod:`chute.fit.recipe`)."""
+SCHEDULES = (AUTO, "onecycle", "constant", "cosine", "exponential")
 CLASS_WEIGHTS = (None, "balanced")
 # What a TOML [load] table, and chute train's reading flags, may set.
 LOAD_TABLE = tuple(f.name for f in dataclasses.fields(LoadOptions) if f.name not in CHOSEN_BY_TRAIN)
 
 
-def _names(value: Any) -> tuple[str, ...]:
-    """``"flip,zoom"`` (a flag or a TOML string) or a list, as a tuple of names."""
+def _names(value: Any) -> tuple[str, ...] | None:
+    """``"flip,zoom"`` (a flag or a TOML string) or a list, as a tuple of names;
+    ``"none"`` (or an empty list) is none; ``None`` or ``"auto"`` leaves the choice to
+    the recipe."""
+    if value is None or value == AUTO:
+        return None
     if isinstance(value, str):
+        if value.strip().lower() == "none":
+            return ()
         return tuple(name.strip() for name in value.split(",") if name.strip())
-    return tuple(value or ())
+    return tuple(value)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on (flags, or a TOML file, fill it).
 
+    Options left at ``"auto"`` or ``None`` where this says "chosen from the data"
+    are filled by :func:`chute.fit.recipe.choose` when the run starts.
+
     Attributes:
-        model: a registry name (see ``chute.available_models()``).
-        epochs: passes over the training split.
+        model: a registry name (see ``chute.available_models()``); ``"auto"``:
+            ``chute-cnn`` sized for the data (``MobileNetV2`` with
+            ``weights="imagenet"``).
+        epochs: passes over the training split (default 10; with ``time_limit``,
+            the most it may take).
+        time_limit: train as many epochs as fit in this many seconds (or
+            ``"10m"``, ``"1h30m"``): measured after each epoch, with the
+            schedule fitted to the epochs that fit (see :mod:`chute.fit.budget`);
+            a resumed run spends what is left.
         batch_size: examples per step **per replica**; default (None): 128, halved
             down to 16 while a model trained from scratch would take fewer optimizer
             steps than it needs (see :func:`chute.fit.objective.choose_batch_size`).
         optimizer: ``adam``, ``adamw``, ``sgd`` (momentum 0.9) or ``rmsprop``.
-        learning_rate: the initial learning rate.
-        schedule: ``constant``, ``cosine`` (decay to 0 over the run) or ``exponential``.
-        label_smoothing: 0 to 0.5.
+        learning_rate: the initial (``onecycle``: the peak) learning rate; default:
+            chosen from the data (3e-3 for Adam's one-cycle, 1e-3 for a pretrained
+            backbone).
+        schedule: ``onecycle`` (linear warm-up over the first fifth of the steps,
+            then cosine decay to 0), ``constant``, ``cosine`` (decay to 0 over the
+            run) or ``exponential``; ``auto``: ``onecycle`` from scratch,
+            ``constant`` for a pretrained backbone.
+        label_smoothing: 0 to 0.5; default: 0.1 for single-label data trained from
+            scratch, else 0.
         class_weights: ``None`` or ``"balanced"`` (inverse class frequency).
         positive_weights: multi-label datasets: ``None``, or ``"balanced"`` (each
             label's positives weigh its negatives / positives in the binary
@@ -85,7 +109,9 @@ class TrainConfig:
         precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
         augment: augmentation names for the training data (see ``chute.load``):
             ``crop`` and ``flip`` fused with decoding, the heavier ones where
-            ``augment_on`` says.
+            ``augment_on`` says; ``()`` (``--augment none``) for none; default:
+            chosen from the data (``translation``, and ``flip`` for colour
+            images, when training from scratch).
         augment_on: ``auto`` (on the accelerator when there is one, else the
             host), ``host`` or ``device``: where the heavy augmentations run.
         image_size: the model's input size; default: the stored size, or for
@@ -117,17 +143,29 @@ class TrainConfig:
             such as a TOML file's ``[load]`` table.
     """
 
-    model: str = option("kannada-cnn", "registry name or keras.applications model")
-    epochs: int = option(10, "passes over the training split")
+    model: str = option(
+        AUTO, "registry name or keras.applications model (auto: chute-cnn sized for the data)"
+    )
+    epochs: int | None = option(
+        None, "passes over the training split (default 10; with --time-limit, the most)", type=int
+    )
+    time_limit: float | None = option(
+        None, "train as many epochs as fit in this time (600, 90s, 10m, 1h30m)", type=str,
+        metavar="DURATION",
+    )  # fmt: skip
     # None: chosen for the data (objective.choose_batch_size), so a batch given by hand wins.
     batch_size: int | None = option(
         None, "examples per step per replica (default: 128, smaller when the data give too "
         "few steps)", type=int,
     )  # fmt: skip
     optimizer: str = option("adam", "optimizer", choices=OPTIMIZERS)
-    learning_rate: float = option(1e-3, "initial learning rate")
-    schedule: str = option("constant", "learning-rate schedule", choices=SCHEDULES)
-    label_smoothing: float = option(0.0, "0 to 0.5")
+    learning_rate: float | None = option(
+        None, "initial (onecycle: peak) learning rate (default: chosen from the data)", type=float
+    )
+    schedule: str = option(AUTO, "learning-rate schedule (auto: from the data)", choices=SCHEDULES)
+    label_smoothing: float | None = option(
+        None, "0 to 0.5 (default: 0.1 from scratch, single-label)", type=float
+    )
     class_weights: str | None = option(
         None, "weigh classes by inverse frequency", type=str, choices=("balanced",)
     )
@@ -165,10 +203,10 @@ class TrainConfig:
         metavar="SECONDS",
     )  # fmt: skip
     precision: str = option("auto", "Keras mixed-precision policy", choices=PRECISIONS)
-    augment: tuple[str, ...] = option(
-        (),
+    augment: tuple[str, ...] | None = option(
+        None,
         "comma-separated: crop,flip,rotation,zoom,translation,contrast,brightness,"
-        "randaugment,mixup,cutmix",
+        "randaugment,mixup,cutmix; none; default: chosen from the data",
         type=_names,
         metavar="NAMES",
     )
@@ -204,6 +242,20 @@ class TrainConfig:
     load: LoadOptions = option(LoadOptions(), "how the data are read ([load])", flag=False)  # noqa: RUF009
 
     def __post_init__(self) -> None:
+        if self.time_limit is not None:
+            from chute.fit.budget import MOST_EPOCHS, parse_duration
+
+            object.__setattr__(self, "time_limit", parse_duration(self.time_limit))
+            if self.fine_tune is not None:
+                raise ChuteError(
+                    "`time_limit` fits one phase of training to the time; fine_tune has "
+                    "two: pass epochs (and head_epochs) instead. Received: time_limit="
+                    f"{self.time_limit:g}, fine_tune={self.fine_tune!r}"
+                )
+            if self.epochs is None:
+                object.__setattr__(self, "epochs", MOST_EPOCHS)
+        if self.epochs is None:
+            object.__setattr__(self, "epochs", 10)
         checks.positive_int("epochs", self.epochs)
         checks.optional_positive_int("batch_size", self.batch_size)
         checks.one_of("optimizer", self.optimizer, OPTIMIZERS)
@@ -227,11 +279,14 @@ class TrainConfig:
         if self.positive_weights not in CLASS_WEIGHTS:
             raise checks.bad_value("positive_weights", self.positive_weights, "None or 'balanced'")
         rate = self.learning_rate
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 10:
+        if rate is not None and (
+            isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 10
+        ):
             raise checks.bad_value("learning_rate", rate, "a number between 0 and 10")
-        checks.number_in(
-            "label_smoothing", self.label_smoothing, 0, 0.5, what="a number from 0 to 0.5"
-        )
+        if self.label_smoothing is not None:
+            checks.number_in(
+                "label_smoothing", self.label_smoothing, 0, 0.5, what="a number from 0 to 0.5"
+            )
         checks.optional_positive_int("steps_per_execution", self.steps_per_execution)
         checks.optional_positive_int("early_stopping", self.early_stopping)
         checks.optional_positive_int("backup_every", self.backup_every)

@@ -27,7 +27,7 @@ from chute.fit.plots import HEAT_MAP_CLASSES, draw_confusion, thumbnail
 from chute.format import manifest as manifest_lib
 from chute.format import storage
 from chute.format.bundle import Bundle, load_bundle
-from chute.lazy import installed, keras
+from chute.lazy import installed
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,8 @@ def evaluate(
 
     storage.check_locations(run_or_model=run_or_model, data=data, out_dir=out_dir)
     loaded = load_bundle(run_or_model)
+    if loaded.tta == "flip":  # trained on flipped images: each image's mirror scored too
+        log.info("test-time flips: each image's and its mirror's probabilities averaged")
     manifest = manifest_lib.load(data)
     _check_label_modes(loaded, manifest)
     # Same names in the same order: a label is an index into them.
@@ -230,8 +232,7 @@ def evaluate(
     for batch_images, batch_labels in dataset:
         # NumPy in and out: the model may run on JAX or torch (on a GPU), not TensorFlow
         images, labels = np.asarray(batch_images), np.asarray(batch_labels)
-        scores = loaded.model(images, training=False)
-        tally.add(keras.ops.convert_to_numpy(scores), labels)
+        tally.add(loaded.scores(images), labels)
         # Stops looking once every class has one.
         if len(samples) < wanted:
             for image, label in zip(images, labels, strict=True):

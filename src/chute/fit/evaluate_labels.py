@@ -24,7 +24,6 @@ from chute.fit import multilabel
 from chute.fit.plots import draw_precision_recall
 from chute.format import storage
 from chute.format.bundle import Bundle
-from chute.lazy import keras
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +120,7 @@ def evaluate_labels(
     multilabel.register_serializables()  # a bundle loaded with compile=True needs the loss
     truths, outputs = [], []
     for batch_images, batch_labels in dataset:
-        # NumPy in and out: the model may run on JAX or torch (on a GPU), not TensorFlow
-        scores = bundle.model(np.asarray(batch_images), training=False)
-        outputs.append(np.asarray(keras.ops.convert_to_numpy(scores), np.float32))
+        outputs.append(bundle.scores(batch_images))
         truths.append(np.asarray(batch_labels, np.float32))
     k = bundle.num_classes
     y_true = np.concatenate(truths) if truths else np.zeros((0, k), np.float32)

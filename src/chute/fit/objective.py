@@ -36,18 +36,10 @@ def make_optimizer(
     learning_rate: float | None = None,
     epochs: int | None = None,
 ) -> Any:
-    """The optimizer, with the learning-rate schedule over ``epochs`` (default: the run's)
-    from ``learning_rate`` (default: the config's)."""
-    start = config.learning_rate if learning_rate is None else learning_rate
-    rate: Any = start
-    # The phase's own epochs: a fine-tuning phase decays over its epochs, not the run's.
-    total = max(1, steps_per_epoch * (config.epochs if epochs is None else epochs))
-    if config.schedule == "cosine":
-        rate = keras.optimizers.schedules.CosineDecay(start, decay_steps=total)
-    elif config.schedule == "exponential":
-        rate = keras.optimizers.schedules.ExponentialDecay(
-            start, decay_steps=max(1, steps_per_epoch), decay_rate=0.9
-        )
+    """The optimizer, with the learning-rate schedule of :func:`learning_rate_schedule`."""
+    rate = learning_rate_schedule(
+        config, steps_per_epoch, learning_rate=learning_rate, epochs=epochs
+    )
     if config.optimizer == "sgd":
         return keras.optimizers.SGD(rate, momentum=0.9)
     return {
@@ -55,6 +47,50 @@ def make_optimizer(
         "adamw": keras.optimizers.AdamW,
         "rmsprop": keras.optimizers.RMSprop,
     }[config.optimizer](rate)
+
+
+def learning_rate_schedule(
+    config: TrainConfig,
+    steps_per_epoch: int,
+    *,
+    learning_rate: float | None = None,
+    epochs: int | None = None,
+) -> Any:
+    """The learning rate (a number or a Keras schedule of the step) over ``epochs``
+    (default: the run's) from ``learning_rate`` (default: the config's). A run with a
+    ``time_limit`` gets a plain rate, which :mod:`chute.fit.budget` moves along the
+    schedule fitted to the time.
+
+    Example:
+        >>> config = TrainConfig(schedule="onecycle", learning_rate=0.01, epochs=5)
+        >>> schedule = learning_rate_schedule(config, steps_per_epoch=10)
+        >>> [round(float(schedule(step)), 4) for step in (0, 5, 10, 30, 50)]
+        [0.0, 0.005, 0.01, 0.005, 0.0]
+    """
+    start = config.learning_rate if learning_rate is None else learning_rate
+    if start is None:
+        raise ChuteError("learning_rate is chosen by chute.fit.recipe.choose before a run")
+    # The phase's own epochs: a fine-tuning phase decays over its epochs, not the run's.
+    total = max(1, steps_per_epoch * (config.epochs if epochs is None else epochs))
+    if config.time_limit is not None:
+        return float(start)  # the budget's callback sets the rate each step
+    if config.schedule == "onecycle":
+        from chute.fit.recipe import WARMUP
+
+        warmup = round(total * WARMUP)
+        # Keras's own schedule (a checkpoint reloads without chute): linear from 0 to the
+        # peak over the warm-up, then a cosine to 0 at the run's last step.
+        return keras.optimizers.schedules.CosineDecay(
+            0.0, decay_steps=max(1, total - warmup), warmup_target=float(start),
+            warmup_steps=warmup,
+        )  # fmt: skip
+    if config.schedule == "cosine":
+        return keras.optimizers.schedules.CosineDecay(start, decay_steps=total)
+    if config.schedule == "exponential":
+        return keras.optimizers.schedules.ExponentialDecay(
+            start, decay_steps=max(1, steps_per_epoch), decay_rate=0.9
+        )
+    return float(start)
 
 
 def make_loss(

@@ -200,6 +200,8 @@ def predict(
     storage.check_locations(model_path=model_path, images=images)
     entries = _entries(images)
     bundle = load_bundle(model_path)
+    if bundle.tta == "flip":  # trained on flipped images: each image's mirror scored too
+        log.info("test-time flips: each image's and its mirror's probabilities averaged")
     if threshold is not None and not bundle.multi_label:
         raise ChuteError(
             f"`threshold` applies to a multi-label model; {bundle.location!r} is single-label "
@@ -242,7 +244,7 @@ def predict(
             if len(chunk) < size:  # one batch shape: the predict function is traced once
                 padding = np.zeros((size - len(chunk), *chunk.shape[1:]), np.uint8)
                 chunk = np.concatenate([chunk, padding])
-            out = np.asarray(bundle.model.predict_on_batch(chunk), np.float64)
+            out = np.asarray(bundle.scores(chunk), np.float64)
             outputs.append(out[: len(pixels)])
     if not outputs:
         log.warning("none of the %d files found could be read as an image", len(files))

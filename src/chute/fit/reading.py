@@ -187,17 +187,20 @@ def per_replica_batch(config: TrainConfig) -> int:
 def categorical(config: TrainConfig) -> bool:
     """Whether labels are one-hot (label smoothing, MixUp and CutMix need them), else integers."""
     # Smoothed or mixed labels are fractions: only one-hot labels can carry them.
-    return config.label_smoothing > 0 or any(name in MIXING for name in config.augment)
+    return bool(config.label_smoothing) or any(name in MIXING for name in config.augment or ())
 
 
 def augment_on(config: TrainConfig, devices: Devices) -> str:
-    """Where the heavy augmentations run: ``"device"`` on an accelerator and through the
-    tf.data service (its workers run graphs only), else ``"host"``; unless asked."""
+    """Where the heavy augmentations run: ``"device"`` on an accelerator, through the
+    tf.data service (its workers run graphs only) and with the Grain engine (whose
+    workers crop and flip only), else ``"host"``; unless asked."""
     if config.augment_on != "auto":
         return config.augment_on
     # Augmentation in the step runs on TensorFlow and JAX only (see train._devices).
     if devices.backend == "torch":
         return "host"
+    if config.load.engine == "grain":
+        return "device"
     accelerator = devices.kind in ("tpu", "gpu", "multi-gpu")
     return "device" if accelerator or config.data_service else "host"
 

@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from chute.fit import backup as backup_lib
 from chute.fit import logs as logs_lib
 from chute.fit import models, position, reading, rundir, trainable
 from chute.fit import processes as processes_lib
+from chute.fit import recipe as recipe_lib
 from chute.fit import strategy as strategy_lib
 from chute.fit.config import TrainConfig
 from chute.fit.devices import Devices
@@ -118,6 +119,7 @@ def train(
     config: TrainConfig | None = None,
     overwrite: bool = False,
     verbose: int | str = "auto",
+    callbacks: Sequence[Any] = (),
     **options: Any,
 ) -> TrainResult:
     """Trains a model on a converted dataset; writes everything into ``run_dir``.
@@ -133,6 +135,9 @@ def train(
             fine-tuning, backend); the same options resume an interrupted run.
         verbose: Keras's progress output: ``"auto"``, its bar (1) where standard output
             is a terminal, else one line per epoch (2), as tqdm's ``disable=None`` does.
+        callbacks: more ``keras.callbacks.Callback`` objects for Keras's ``fit``, run
+            after chute's own (its checkpoints, backups and logs) on every process.
+            Not under ``MultiWorkerMirroredStrategy``, which trains in chute's own loop.
 
     Returns:
         A :class:`TrainResult`.
@@ -149,15 +154,26 @@ def train(
     if config is not None and options:
         raise ChuteError("Pass either `config` or option keywords, not both")
     config = config or TrainConfig.from_dict(options)
+    callbacks = _check_callbacks(callbacks)
     # the backend first: Keras is imported on it (the config records the one used)
     config = dataclasses.replace(config, backend=backend_lib.resolve(config.backend))
     config = _engine_without_tensorflow(config)
+    # "auto" is chute-cnn (or, with ImageNet weights, MobileNetV2): checkable before the data
+    config = dataclasses.replace(config, model=recipe_lib.default_model(config))
     models.check_model(config.model, config.weights)  # before anything heavy
     _check_run_dir(os.fspath(run_dir), config)
     manifest = _training_data(data)
+    config, recipe = recipe_lib.choose(
+        config,
+        examples=manifest.num_examples("train"),
+        num_classes=manifest.num_classes,
+        image_size=reading.input_size(config, manifest),
+        channels=manifest.image.channels,
+        multi_label=manifest.multi_label,
+    )
     processes = processes_lib.join(config)  # JAX on several hosts: one process each
     # Recorded with the run folder: a later run with other options must not resume this backup.
-    started = _started_with(config, manifest)
+    started = {**_started_with(config, manifest), "width": recipe.width}
     run = processes_lib.prepare_run(
         run_dir, overwrite=overwrite, processes=processes, started=started
     )
@@ -173,16 +189,21 @@ def train(
     with _global_policy(precision), devices.run_scope():
         keras.utils.set_random_seed(config.seed)
         inputs = _inputs(manifest, config, devices)
-        model = _built_model(config, manifest, devices, inputs)
+        model = _built_model(config, manifest, devices, inputs, recipe.width)
+        if callbacks and devices.kind == "multiworker":
+            raise ChuteError(
+                "`callbacks` go to Keras's fit, which MultiWorkerMirroredStrategy runs do "
+                f"not use (chute's own loop trains them). Received: {len(callbacks)} callbacks"
+            )
         history, seconds = _fit_phases(
-            model, devices, inputs, config, manifest, run, _keras_verbose(verbose)
+            model, devices, inputs, config, manifest, run, _keras_verbose(verbose), callbacks
         )
         if not processes.chief:  # the chief writes the run directory, bundle and reports
             chiefs = rundir.RunDir(os.fspath(run_dir), run.resumed)
             # No bundle here: only the chief's run folder holds one.
             return _result(chiefs, None, inputs, history, seconds, devices, precision)
         with processes_lib.alone(devices):  # the chief alone: not a collective
-            bundle = _save_best(model, manifest, run, config, precision, inputs)
+            bundle = _save_best(model, manifest, run, config, precision, inputs, recipe)
     result = _result(run, bundle, inputs, history, seconds, devices, precision)
     _write_reports(run, result, config, history, manifest)
     # Evaluated from the saved bundle, so the report measures what a user will load.
@@ -224,7 +245,7 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
         "backend": config.backend,
         "optimizer": config.optimizer,
         "precision": config.precision,
-        "augment": list(config.augment),
+        "augment": list(config.augment or ()),
         "augment_on": config.augment_on,
         # Left to chute, the batch follows from the training examples and the epochs:
         # another number of epochs could choose another batch.
@@ -393,7 +414,11 @@ def _labels_present(manifest, split: str) -> list[bool] | None:
 
 
 def _built_model(
-    config: TrainConfig, manifest: manifest_lib.Manifest, devices: Devices, inputs: _Inputs
+    config: TrainConfig,
+    manifest: manifest_lib.Manifest,
+    devices: Devices,
+    inputs: _Inputs,
+    width: int | None,
 ) -> Any:
     """The model, built inside the devices' scope (compiled per phase, see _fit_phases)."""
     examples = manifest.num_examples("train")
@@ -406,6 +431,7 @@ def _built_model(
             weights=config.weights,
             steps_per_epoch=inputs.steps,  # BatchNorm's moving statistics settle in an epoch
             multi_label=manifest.multi_label,
+            width=width,
         )
         if devices.replicas > 1 and config.backend == "tensorflow":
             # Batch statistics over the global batch, as on one device; every
@@ -446,7 +472,20 @@ def _engine_without_tensorflow(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, load=dataclasses.replace(config.load, engine="grain"))
 
 
-def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run, verbose):
+def _check_callbacks(callbacks: Any) -> list:
+    """``callbacks`` as a list of Keras callbacks, else a ChuteError naming what came."""
+    if callbacks is None:
+        return []
+    listed = list(callbacks) if isinstance(callbacks, list | tuple) else None
+    if listed is None or not all(isinstance(c, keras.callbacks.Callback) for c in listed):
+        raise ChuteError(
+            "`callbacks` must be a list of keras.callbacks.Callback objects. Received: "
+            f"callbacks={callbacks!r}"
+        )
+    return listed
+
+
+def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run, verbose, extra=()):
     """Trains phase after phase; returns the history and the seconds of each epoch.
 
     A finished phase leaves its weights and history in the backup folder, so a
@@ -474,7 +513,7 @@ def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run,
         # Before compiling: Keras reads which weights are trainable when the model is compiled.
         trainable.freeze(model, phase.name, config.fine_tune)
         phase_history, phase_seconds = _fit(
-            model, devices, inputs, config, run, phase, class_weight, verbose
+            model, devices, inputs, config, run, phase, class_weight, verbose, extra
         )
         _extend(history, phase_history)
         seconds += phase_seconds
@@ -496,7 +535,15 @@ def _extend(history: dict, more: dict) -> None:
 
 
 def _fit(
-    model, devices: Devices, inputs: _Inputs, config, run, phase: _Phase, class_weight, verbose
+    model,
+    devices: Devices,
+    inputs: _Inputs,
+    config,
+    run,
+    phase: _Phase,
+    class_weight,
+    verbose,
+    extra=(),
 ):
     """One phase: Keras's fit (or chute's loop under MultiWorkerMirroredStrategy)."""
     augmentation = None
@@ -550,6 +597,8 @@ def _fit(
         ),
         kept,
         timer,
+        *_budget(config, run, inputs, phase, devices),
+        *extra,
     ]
 
     def fit(initial_epoch: int) -> None:
@@ -572,6 +621,25 @@ def _fit(
     # epochs recorded after the restored backup (a newer one was unreadable) go
     _fit_until_done(fit, resume, kept, first=kept.resume_at(resume.point.epoch))
     return kept.finish(), timer.seconds
+
+
+def _budget(config: TrainConfig, run, inputs: _Inputs, phase: _Phase, devices: Devices) -> list:
+    """With a ``time_limit``: the callback that fits the run to it (none otherwise)."""
+    if config.time_limit is None:
+        return []
+    from chute.fit import budget
+
+    return [
+        budget.callback(
+            limit=config.time_limit,
+            state_file=run.join("budget.json"),
+            steps=inputs.steps,
+            most=phase.epochs,
+            peak=phase.learning_rate,
+            schedule=config.schedule,
+            chief=devices.chief,
+        )
+    ]
 
 
 def _compiled(model, devices: Devices, inputs: _Inputs, config, phase: _Phase, augmentation):
@@ -629,7 +697,7 @@ def _saver(resume: position.Resume, devices: Devices) -> Any:
     return save
 
 
-def _save_best(model, manifest, run, config: TrainConfig, precision: str, inputs):
+def _save_best(model, manifest, run, config: TrainConfig, precision: str, inputs, recipe):
     """The best checkpoint as a model bundle (holding the model, ready for evaluation)."""
     best = run.checkpoint("best")  # the best epoch of the whole run, resumes included
     if storage.exists(best):
@@ -650,11 +718,13 @@ def _save_best(model, manifest, run, config: TrainConfig, precision: str, inputs
         image=manifest.image,
         crop_fraction=inputs.crop_fraction,
         thresholds=tuned,
+        tta=recipe.tta,
         info={
             "data": manifest.location,
             "model": config.model,
             "precision": precision,
             "backend": config.backend,
+            "recipe": recipe.summary,
         },
     )
 

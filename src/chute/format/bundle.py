@@ -8,7 +8,10 @@ interpolation), the ``input`` the model takes (height, width) with the
 ``crop_fraction`` of evaluation's centre crop, free-form ``info`` (who
 trained it, how well), and for a multi-label model its per-label ``thresholds``
 (tuned on validation: a label is predicted when its score reaches its threshold;
-their presence is what marks the model multi-label, and makes the file version 3).
+their presence is what marks the model multi-label, and makes the file version 3),
+and ``"tta": "flip"`` where the model was trained on flipped images: ``evaluate``
+and ``predict`` then average the probabilities of each image and its mirror
+(:meth:`Bundle.scores`).
 ``predict`` prepares a file as ``convert`` did, then as
 evaluation did, so it gets the pixels its record gets. ``chute.json`` is written
 last, so its presence means the model file is complete. Paths may be local or
@@ -44,6 +47,7 @@ VERSION = 3  # 3: "thresholds" of a multi-label model (written as 2 without them
 MODEL_NAME = "model.keras"
 META_NAME = "chute.json"
 RUN_SUBDIR = "bundle"  # where a training run keeps its bundle
+TTA = (None, "flip")  # test-time augmentations a bundle may ask for
 
 
 @dataclasses.dataclass
@@ -59,6 +63,9 @@ class Bundle:
             scores at or above are predicted); None for a single-label (softmax) model.
         info: free-form facts saved with the model (accuracy, run options, ...).
         location: the bundle folder.
+        tta: ``"flip"``: test-time augmentation, each image's probabilities
+            averaged with its horizontal mirror's (see :meth:`scores`); None: the
+            image alone.
 
     Example:
         >>> bundle = load_bundle("runs/kn/bundle")  # doctest: +SKIP
@@ -74,6 +81,7 @@ class Bundle:
     crop_fraction: float = 1.0
     compile: bool = False
     thresholds: list[float] | None = None
+    tta: str | None = None
     _model: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +95,35 @@ class Bundle:
         self.input_size = (int(self.input_size[0]), int(self.input_size[1]))
         if self.thresholds is not None:
             self.thresholds = _thresholds(self.thresholds, len(self.class_names))
+        if self.tta not in TTA:
+            raise checks.bad_value("tta", self.tta, "None or 'flip'")
+
+    def scores(self, images: Any, *, tta: bool | None = None) -> Any:
+        """The model's probabilities (a multi-label model's scores) for a batch of uint8
+        images as a NumPy float32 array; with the bundle's ``tta="flip"``, the mean
+        of the images' and their horizontal mirrors' (a flip-symmetric image scores
+        as without it).
+
+        Args:
+            images: ``(batch, height, width, channels)`` uint8 pixels.
+            tta: False: the images alone, whatever the bundle says; None: as the
+                bundle says.
+
+        Example:
+            >>> load_bundle("runs/kn").scores(pixels).shape  # doctest: +SKIP
+            (32, 657)
+        """
+        import numpy as np
+
+        images = np.asarray(images)
+        # NumPy in and out: the model may run on JAX or torch (on a GPU), not TensorFlow
+        out = keras.ops.convert_to_numpy(self.model(images, training=False))
+        out = np.asarray(out, np.float32)
+        if self.tta == "flip" and tta is not False:
+            mirrored = np.ascontiguousarray(images[:, :, ::-1])
+            other = keras.ops.convert_to_numpy(self.model(mirrored, training=False))
+            out = (out + np.asarray(other, np.float32)) / 2
+        return out
 
     @property
     def multi_label(self) -> bool:
@@ -134,6 +171,8 @@ class Bundle:
         }
         if self.thresholds is not None:
             extra = {"thresholds": self.thresholds, **extra}
+        if self.tta is not None:
+            extra = {"tta": self.tta, **extra}
         return _meta_json(body, **extra)
 
 
@@ -146,6 +185,7 @@ def save_bundle(
     crop_fraction: float = 1.0,
     info: dict[str, Any] | None = None,
     thresholds: list[float] | None = None,
+    tta: str | None = None,
 ) -> Bundle:
     """Writes ``model.keras`` and then ``chute.json`` into ``directory``.
 
@@ -157,6 +197,8 @@ def save_bundle(
         crop_fraction: evaluation's centre crop, which ``predict`` repeats.
         info: JSON-serialisable facts to keep with the model.
         thresholds: a multi-label model's per-label thresholds (one per class name).
+        tta: ``"flip"`` where the model learned from flipped images: evaluation and
+            prediction average each image's and its mirror's probabilities.
 
     The model's input size is read off the model.
 
@@ -186,6 +228,7 @@ def save_bundle(
         input_size=input_size,
         crop_fraction=crop_fraction,
         thresholds=thresholds,
+        tta=tta,
         _model=model,
     )
     # Validated before anything is written: a bad argument leaves the folder as it was.
@@ -245,6 +288,7 @@ def load_bundle(path: str | os.PathLike | Bundle, *, compile: bool = False) -> B
         crop_fraction=body["input"]["crop_fraction"],
         compile=compile,
         thresholds=body.get("thresholds"),
+        tta=body.get("tta"),
     )
 
 

@@ -73,11 +73,10 @@ def run(
         return {"images": images, "shards": shards, "grid": grid}
 
     run_dir = storage.join(directory, "run")
-    say(f"5/6 training the kannada-cnn for {epochs} epochs on the CPU into {run_dir}")
+    say(f"5/6 training chute's default model for {epochs} epochs on the CPU into {run_dir}")
     result = train(
         shards,
         run_dir,
-        model="kannada-cnn",
         epochs=epochs,
         batch_size=32,
         strategy="cpu",
