@@ -218,6 +218,8 @@ def test_a_resumed_run_spends_only_what_is_left(tmp_path, monkeypatch):
     # one more epoch (its 5 s overrun nothing: 2 s were left, so it is the last)
     assert len(history.history["loss"]) == 1
     assert json.loads(state.read_text())["spent"] == pytest.approx(15.0)
+    # the rate followed the fitted schedule step by step: step 1 of a 2-step warm-up
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.05)
     # another limit on resume is refused, naming both
     with pytest.raises(ChuteError, match=r"time_limit=12 .*Received: time_limit=60"):
         budget.callback(

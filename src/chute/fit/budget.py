@@ -6,7 +6,9 @@ at the end of the last epoch that fits, with its best checkpoint as always. The
 ``onecycle`` and ``cosine`` schedules are fitted to that number of epochs: the
 learning rate warms up over the first epoch (``onecycle``), then decays along a
 cosine to 0 at the end of the last epoch the budget allows, re-fitted each epoch
-as the estimate firms up. The time spent is kept in the run folder
+as the estimate firms up. The rate changes each step (on JAX, whose ``fit`` keeps
+the variables in its own state through an epoch, each epoch, at the rate of its
+middle step). The time spent is kept in the run folder
 (``budget.json``), so a resumed run spends only what is left.
 
 Example:
@@ -119,6 +121,9 @@ def callback(
         chief: whether this process writes ``state_file``.
     """
     fitted = schedule in ("onecycle", "cosine")
+    # On JAX, fit keeps the variables in its own state through an epoch: a rate set
+    # between its steps would be lost, so the rate changes from epoch to epoch there.
+    per_epoch = keras.backend.backend() == "jax"
 
     class TimeBudget(keras.callbacks.Callback):
         def __init__(self):
@@ -138,14 +143,16 @@ def callback(
 
         def on_train_begin(self, logs=None):
             self.step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-            if fitted:
-                self._set_rate()
 
         def on_epoch_begin(self, epoch, logs=None):
             self.began = time.monotonic()
+            if fitted and per_epoch:
+                # JAX's fit reads the variables at each epoch's start only: the rate at the
+                # epoch's middle step holds for all of it
+                self._set_rate(self.step + steps // 2)
 
         def on_train_batch_begin(self, batch, logs=None):
-            if fitted:
+            if fitted and not per_epoch:
                 self._set_rate()
 
         def on_train_batch_end(self, batch, logs=None):
@@ -180,10 +187,14 @@ def callback(
                     self.epochs,
                 )  # fmt: skip
 
-        def _set_rate(self):
+        def _set_rate(self, step: int | None = None):
             # Warm-up over the first epoch; the decay ends with the last epoch that fits.
             rate = rate_at(
-                self.step, peak=peak, warmup=steps, total=self.epochs * steps, schedule=schedule
+                self.step if step is None else step,
+                peak=peak,
+                warmup=steps,
+                total=self.epochs * steps,
+                schedule=schedule,
             )
             self.model.optimizer.learning_rate = rate
 
