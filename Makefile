@@ -10,7 +10,7 @@ BIN = $(VENV)/bin
 # pytest-xdist workers: one per core (CI machines have 2).
 WORKERS ?= auto
 
-.PHONY: demo test test-fast lint format docs docs-screenshot package-check bench bench-remote bench-peers bench-scale bench-epochs clean
+.PHONY: demo test test-fast lint format docs docs-screenshot package-check bench bench-remote bench-peers bench-scale bench-epochs bench-accuracy clean
 
 # Everything the tests, the linters and package-check need; [dev] holds the demo's TensorFlow
 # too, so the demo's stamp is made with it.
@@ -110,6 +110,13 @@ bench-scale: $(BIN)/.installed
 bench-epochs: $(BIN)/.installed
 	mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/bench_epochs.py --json benchmarks/results/epochs.json
+
+# Test accuracy against training CPU-seconds: chute's defaults vs the tutorial CNN
+# (about 20 minutes on 2 cores). The data come from scikit-learn and scikit-image.
+bench-accuracy: $(BIN)/.installed
+	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/bench_accuracy.py --ablate
 
 clean:
 	rm -rf $(VENV) chute-demo .pytest_cache site

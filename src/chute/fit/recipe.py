@@ -10,11 +10,10 @@ on a 2-core CPU):
 * **schedule**: ``onecycle``: a linear warm-up over the first fifth of the run's
   steps to a peak learning rate (Adam 3e-3), then a cosine decay to 0 over the
   rest, so the number of epochs asked for is what the schedule is fitted to;
-* **label smoothing** 0.1 (single-label data): it paid on glyphs, few glyphs a
-  class and digits;
+* **label smoothing** 0.1 (single-label data): it paid on glyphs, digits and photos;
 * **no augmentation**: small translations (and flips for the colour photos) cost
-  accuracy on every dataset of the benchmark at 5 epochs, few images a class
-  included, so none is chosen; ``augment="translation"`` (and ``"flip"`` for photos
+  accuracy on three datasets of the benchmark's four at 5 epochs, few images a
+  class included, so none is chosen; ``augment="translation"`` (and ``"flip"`` for photos
   and objects, never for glyphs and text, which read differently mirrored) are the
   ones to add for long runs. A run with ``flip`` gets **flip test-time
   augmentation** in ``evaluate`` and ``predict`` (the mean of the image's and its
