@@ -298,3 +298,31 @@ def test_cli_time_limit_and_augment_none_are_checked_before_anything_runs(
     assert not run.exists()
     assert TrainConfig(augment="none").augment == ()
     assert TrainConfig(augment="auto").augment is None
+
+
+def test_on_jax_the_fitted_rate_holds_for_a_whole_epoch(tmp_path, monkeypatch):
+    import keras
+
+    _fake_clock(monkeypatch, 5.0)
+    # JAX's fit reads the variables once an epoch: the rate of the epoch's middle step
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    timer = budget.callback(
+        limit=100.0, state_file=str(tmp_path / "budget.json"), steps=4, most=100, peak=0.1,
+        schedule="onecycle", chief=True,
+    )  # fmt: skip
+    seen = []
+
+    class Rate(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(float(self.model.optimizer.learning_rate))
+
+    monkeypatch.undo()  # the model itself trains on this machine's backend
+    _fake_clock(monkeypatch, 5.0)
+    model.fit(
+        np.zeros((8, 2)), np.zeros((8, 1)), batch_size=2, epochs=1, callbacks=[timer, Rate()],
+        verbose=0,
+    )  # fmt: skip
+    # step 2 of a 4-step warm-up, for every step of the epoch
+    assert seen == pytest.approx([0.05] * 4)
