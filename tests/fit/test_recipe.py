@@ -97,6 +97,8 @@ def test_multi_label_data_get_no_label_smoothing_unless_asked():
     config, chosen = recipe.choose(TrainConfig(), **labels)
     assert config.label_smoothing == 0.0
     assert "colour multi-label" in chosen.summary
+    # no test-time flips: a multi-label model's thresholds are tuned on the image alone
+    assert recipe.choose(TrainConfig(augment="flip"), **labels)[1].tta is None
     assert recipe.choose(TrainConfig(label_smoothing=0.2), **labels)[0].label_smoothing == 0.2
 
 
@@ -194,6 +196,13 @@ def test_a_time_limit_trains_the_epochs_that_fit_and_keeps_the_best(
     assert (run / "bundle" / "chute.json").exists()
     started = json.loads((run / "config.json").read_text())
     assert started["time_limit"] == 12.0
+    # --overwrite starts the budget afresh (another limit too): 17 s hold 3 epochs
+    again = chute.train(
+        train_data, run, time_limit="17s", batch_size=8, strategy="cpu", verbose=0,
+        overwrite=True,
+    )  # fmt: skip
+    assert again.epochs_run == 3
+    assert json.loads((run / "budget.json").read_text())["spent"] == pytest.approx(15.0)
 
 
 def test_a_resumed_run_spends_only_what_is_left(tmp_path, monkeypatch):
@@ -298,6 +307,57 @@ def test_cli_time_limit_and_augment_none_are_checked_before_anything_runs(
     assert not run.exists()
     assert TrainConfig(augment="none").augment == ()
     assert TrainConfig(augment="auto").augment is None
+
+
+def test_the_budget_counts_steps_when_a_call_runs_several(tmp_path, monkeypatch):
+    import keras
+
+    _fake_clock(monkeypatch, 5.0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=2)  # Keras calls back once per 2 steps
+    timer = budget.callback(
+        limit=100.0, state_file=str(tmp_path / "budget.json"), steps=4, most=100, peak=0.1,
+        schedule="onecycle", chief=True,
+    )  # fmt: skip
+    model.fit(np.zeros((8, 2)), np.zeros((8, 1)), batch_size=2, epochs=1, callbacks=[timer],
+              verbose=0)  # fmt: skip
+    # the second call began at step 2 of the 4-step warm-up
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.05)
+    assert timer.step == 4
+
+
+def test_a_time_limit_is_refused_over_several_processes_or_workers():
+    from chute.fit import train as training
+    from chute.fit.processes import Processes
+
+    config = TrainConfig(time_limit="10m", backend="tensorflow")
+    training._check_time_limit(config, Processes(count=1))  # one process: fine
+    with pytest.raises(ChuteError, match=r"time_limit.*pass epochs.*time_limit=600 on 2"):
+        training._check_time_limit(config, Processes(count=2, index=0))
+    workers = TrainConfig(time_limit="10m", backend="tensorflow", strategy="multiworker")
+    with pytest.raises(ChuteError, match=r"time_limit"):
+        training._check_time_limit(workers, Processes(count=1))
+
+
+def test_a_resumed_epoch_the_budget_ended_is_not_followed_by_another():
+    from chute.fit import train as training
+
+    calls = []
+    where = types.SimpleNamespace(cut=True, next_epoch=3)
+    kept = types.SimpleNamespace(stopped=False)
+    spent = types.SimpleNamespace(stopped=True)
+    training._fit_until_done(calls.append, where, kept, first=2, budgets=[spent])
+    assert calls == [2]
+    spent.stopped = False
+    calls.clear()
+    where_once = types.SimpleNamespace(cut=True, next_epoch=3)
+
+    def fit(epoch):
+        calls.append(epoch)
+        where_once.cut = epoch == 2  # the first fit trained a cut epoch, the next whole ones
+
+    training._fit_until_done(fit, where_once, kept, first=2, budgets=[spent])
+    assert calls == [2, 3]
 
 
 def test_on_jax_the_fitted_rate_holds_for_a_whole_epoch(tmp_path, monkeypatch):

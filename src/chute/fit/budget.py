@@ -139,24 +139,30 @@ def callback(
             self.seconds = list(state.get("epoch_seconds", [])) if state else []
             self.epochs = int(state["epochs"]) if state and state.get("epochs") else most
             self.step = 0
+            self.epoch_start = 0
             self.began = 0.0
+            self.stopped = False  # the budget ended the run
 
         def on_train_begin(self, logs=None):
             self.step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
 
         def on_epoch_begin(self, epoch, logs=None):
             self.began = time.monotonic()
+            self.epoch_start = self.step
             if fitted and per_epoch:
                 # JAX's fit reads the variables at each epoch's start only: the rate at the
                 # epoch's middle step holds for all of it
                 self._set_rate(self.step + steps // 2)
 
         def on_train_batch_begin(self, batch, logs=None):
+            # Keras calls this once per execution (steps_per_execution steps), with the
+            # index of the execution's first step in the epoch
+            self.step = self.epoch_start + batch
             if fitted and not per_epoch:
                 self._set_rate()
 
         def on_train_batch_end(self, batch, logs=None):
-            self.step += 1
+            self.step = self.epoch_start + batch + 1  # ``batch``: the execution's last step
 
         def on_epoch_end(self, epoch, logs=None):
             took = time.monotonic() - self.began
@@ -181,6 +187,7 @@ def callback(
                     self.spent, limit, epoch + 1, self.seconds[-1],
                 )  # fmt: skip
                 self.model.stop_training = True
+                self.stopped = True
             else:
                 log.info(
                     "time limit: %.0f of %.0f s spent; %d epochs fit", self.spent, limit,

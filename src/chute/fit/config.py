@@ -109,9 +109,8 @@ class TrainConfig:
         precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
         augment: augmentation names for the training data (see ``chute.load``):
             ``crop`` and ``flip`` fused with decoding, the heavier ones where
-            ``augment_on`` says; ``()`` (``--augment none``) for none; default:
-            chosen from the data (``translation``, and ``flip`` for colour
-            images, when training from scratch).
+            ``augment_on`` says; ``()`` (``--augment none``) for none; default
+            (``None``, ``"auto"``): none (see :mod:`chute.fit.recipe`).
         augment_on: ``auto`` (on the accelerator when there is one, else the
             host), ``host`` or ``device``: where the heavy augmentations run.
         image_size: the model's input size; default: the stored size, or for
@@ -206,7 +205,7 @@ class TrainConfig:
     augment: tuple[str, ...] | None = option(
         None,
         "comma-separated: crop,flip,rotation,zoom,translation,contrast,brightness,"
-        "randaugment,mixup,cutmix; none; default: chosen from the data",
+        "randaugment,mixup,cutmix; none (the default)",
         type=_names,
         metavar="NAMES",
     )

@@ -72,8 +72,8 @@ def learning_rate_schedule(
         raise ChuteError("learning_rate is chosen by chute.fit.recipe.choose before a run")
     # The phase's own epochs: a fine-tuning phase decays over its epochs, not the run's.
     total = max(1, steps_per_epoch * (config.epochs if epochs is None else epochs))
-    if config.time_limit is not None:
-        return float(start)  # the budget's callback sets the rate each step
+    if config.time_limit is not None and config.schedule in ("onecycle", "cosine"):
+        return float(start)  # the budget's callback sets the rate, fitted to the time
     if config.schedule == "onecycle":
         from chute.fit.recipe import WARMUP
 

@@ -17,7 +17,8 @@ on a 2-core CPU):
   and objects, never for glyphs and text, which read differently mirrored) are the
   ones to add for long runs. A run with ``flip`` gets **flip test-time
   augmentation** in ``evaluate`` and ``predict`` (the mean of the image's and its
-  mirror's probabilities), said in the bundle's ``chute.json``.
+  mirror's probabilities), said in the bundle's ``chute.json`` (single-label data:
+  a multi-label model's thresholds are tuned on the image alone).
 
 A pretrained backbone (``weights``) keeps the plain recipe it always had (Adam at
 1e-3, constant, no smoothing), which the benchmark does not cover. Whatever a user
@@ -142,7 +143,7 @@ def choose(
         smoothing = LABEL_SMOOTHING if scratch and not multi_label else 0.0
     augment = () if config.augment is None else config.augment
     width = None
-    if model == "chute-cnn":
+    if model.lower().replace("_", "-") == "chute-cnn":  # as models.resolve_model folds it
         width = 32 if examples >= WIDE_FROM else cnns.DEFAULT_WIDTH
     chosen = dataclasses.replace(
         config,
@@ -152,7 +153,8 @@ def choose(
         label_smoothing=smoothing,
         augment=augment,
     )
-    tta = "flip" if "flip" in augment else None
+    # single-label only: a multi-label model's thresholds are tuned on unflipped scores
+    tta = "flip" if "flip" in augment and not multi_label else None
     recipe = Recipe(
         kind,
         width,
@@ -187,10 +189,13 @@ def _summary(
     model = config.model
     if width is not None:
         model += f" width {width} ({cnns.stages(size)} stages)"
+    over = f"over {config.epochs} epochs"
+    if config.time_limit is not None:
+        over = f"fitted to the time limit ({config.time_limit:g} s, at most {config.epochs} epochs)"
     if config.schedule == "onecycle":
         schedule = (
             f"{config.optimizer} {config.learning_rate:g} one-cycle ({WARMUP:.0%} warm-up, "
-            f"cosine to 0) over {config.epochs} epochs"
+            f"cosine to 0) {over}"
         )
     else:
         schedule = f"{config.optimizer} {config.learning_rate:g} {config.schedule}"

@@ -33,7 +33,7 @@ STARTED = "started.json"  # what the backup depends on (see prepare)
 PROGRESS = "progress-{}.json"  # a phase's history while it runs (see trainable.progress)
 _PHASES = ("all", "head", "fine-tune")
 _ENTRIES = (
-    "bundle", "checkpoints", "logs", "backup", "history.csv", STARTED,
+    "bundle", "checkpoints", "logs", "backup", "history.csv", STARTED, "budget.json",
     *(PROGRESS.format(phase) for phase in _PHASES),
 )  # fmt: skip
 

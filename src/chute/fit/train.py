@@ -172,6 +172,7 @@ def train(
         multi_label=manifest.multi_label,
     )
     processes = processes_lib.join(config)  # JAX on several hosts: one process each
+    _check_time_limit(config, processes)
     # Recorded with the run folder: a later run with other options must not resume this backup.
     started = {**_started_with(config, manifest), "width": recipe.width}
     run = processes_lib.prepare_run(
@@ -472,6 +473,23 @@ def _engine_without_tensorflow(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, load=dataclasses.replace(config.load, engine="grain"))
 
 
+def _check_time_limit(config: TrainConfig, processes: processes_lib.Processes) -> None:
+    """Refuses, before anything is written, a ``time_limit`` on several processes or
+    workers: each would time its own epochs and decide on its own when to stop."""
+    workers = max(processes.count, 1)
+    if config.backend == "tensorflow" and (
+        config.strategy == "multiworker"
+        or (config.strategy == "auto" and strategy_lib.count_workers() > 1)
+    ):
+        workers = max(workers, strategy_lib.count_workers(), 2)
+    if config.time_limit is not None and workers > 1:
+        raise ChuteError(
+            "`time_limit` times each epoch in one process; over several workers or "
+            "processes each would decide on its own when to stop: pass epochs instead. "
+            f"Received: time_limit={config.time_limit:g} on {workers} processes"
+        )
+
+
 def _check_callbacks(callbacks: Any) -> list:
     """``callbacks`` as a list of Keras callbacks, else a ChuteError naming what came."""
     if callbacks is None:
@@ -583,6 +601,7 @@ def _fit(
         repeated=inputs.repeated,
         layout=(devices.processes, devices.replicas),
     )
+    budgets = _budget(config, run, inputs, phase, devices)
     callbacks = [
         *([_padded_val_loss(inputs.val_padded)] if inputs.val_padded != 1 else []),
         # first: the others see saved epochs (and the restored model); every process
@@ -597,7 +616,7 @@ def _fit(
         ),
         kept,
         timer,
-        *_budget(config, run, inputs, phase, devices),
+        *budgets,
         *extra,
     ]
 
@@ -619,7 +638,7 @@ def _fit(
         )
 
     # epochs recorded after the restored backup (a newer one was unreadable) go
-    _fit_until_done(fit, resume, kept, first=kept.resume_at(resume.point.epoch))
+    _fit_until_done(fit, resume, kept, first=kept.resume_at(resume.point.epoch), budgets=budgets)
     return kept.finish(), timer.seconds
 
 
@@ -668,15 +687,15 @@ def _compiled(model, devices: Devices, inputs: _Inputs, config, phase: _Phase, a
     return trainer
 
 
-def _fit_until_done(fit: Any, where: Any, kept: Any, *, first: int) -> None:
+def _fit_until_done(fit: Any, where: Any, kept: Any, *, first: int, budgets=()) -> None:
     """Calls ``fit(initial_epoch)`` from ``first`` until the phase is over: a fit that
     trained only the rest of a resumed epoch (``where.cut``) is followed by one from the
-    next epoch (``where.next_epoch``), unless early stopping (``kept.stopped``) ended the
-    phase at that epoch."""
+    next epoch (``where.next_epoch``), unless early stopping (``kept.stopped``) or a time
+    budget (``budgets``' ``stopped``) ended the phase at that epoch."""
     epoch = first
     while True:
         fit(epoch)
-        if not where.cut or kept.stopped:
+        if not where.cut or kept.stopped or any(b.stopped for b in budgets):
             return
         epoch = where.next_epoch
 
