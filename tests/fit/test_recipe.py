@@ -331,12 +331,18 @@ def test_a_time_limit_is_refused_over_several_processes_or_workers():
     from chute.fit.processes import Processes
 
     config = TrainConfig(time_limit="10m", backend="tensorflow")
-    training._check_time_limit(config, Processes(count=1))  # one process: fine
+    training._check_one_process_options(config, Processes(count=1), [])  # one process: fine
     with pytest.raises(ChuteError, match=r"time_limit.*pass epochs.*time_limit=600 on 2"):
-        training._check_time_limit(config, Processes(count=2, index=0))
+        training._check_one_process_options(config, Processes(count=2, index=0), [])
     workers = TrainConfig(time_limit="10m", backend="tensorflow", strategy="multiworker")
     with pytest.raises(ChuteError, match=r"time_limit"):
-        training._check_time_limit(workers, Processes(count=1))
+        training._check_one_process_options(workers, Processes(count=1), [])
+    import keras
+
+    plain = TrainConfig(backend="tensorflow", strategy="multiworker")
+    with pytest.raises(ChuteError, match=r"`callbacks`.*MultiWorkerMirroredStrategy"):
+        training._check_one_process_options(plain, Processes(), [keras.callbacks.Callback()])
+    training._check_one_process_options(plain, Processes(), [])
 
 
 def test_a_resumed_epoch_the_budget_ended_is_not_followed_by_another():

@@ -172,7 +172,7 @@ def train(
         multi_label=manifest.multi_label,
     )
     processes = processes_lib.join(config)  # JAX on several hosts: one process each
-    _check_time_limit(config, processes)
+    _check_one_process_options(config, processes, callbacks)
     # Recorded with the run folder: a later run with other options must not resume this backup.
     started = {**_started_with(config, manifest), "width": recipe.width}
     run = processes_lib.prepare_run(
@@ -191,11 +191,6 @@ def train(
         keras.utils.set_random_seed(config.seed)
         inputs = _inputs(manifest, config, devices)
         model = _built_model(config, manifest, devices, inputs, recipe.width)
-        if callbacks and devices.kind == "multiworker":
-            raise ChuteError(
-                "`callbacks` go to Keras's fit, which MultiWorkerMirroredStrategy runs do "
-                f"not use (chute's own loop trains them). Received: {len(callbacks)} callbacks"
-            )
         history, seconds = _fit_phases(
             model, devices, inputs, config, manifest, run, _keras_verbose(verbose), callbacks
         )
@@ -273,10 +268,7 @@ def _check_run_dir(run_dir: str, config: TrainConfig) -> None:
     """Refuses, before anything is built or written, a run folder that a run cannot
     write: chute's multi-worker loop keeps its backups and logs through TensorFlow,
     which opens local paths, ``gs://`` and ``ram://`` but not ``s3://`` or ``az://``."""
-    multiworker = config.strategy == "multiworker" or (
-        config.strategy == "auto" and strategy_lib.count_workers() > 1
-    )
-    if config.backend == "tensorflow" and multiworker and not storage.tensorflow_opens(run_dir):
+    if _multiworker(config) and not storage.tensorflow_opens(run_dir):
         raise ChuteError(
             "Under MultiWorkerMirroredStrategy the run folder is written by TensorFlow, "
             f"which cannot write to {run_dir!r}. Received: run_dir={run_dir!r}; pass a "
@@ -473,14 +465,28 @@ def _engine_without_tensorflow(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, load=dataclasses.replace(config.load, engine="grain"))
 
 
-def _check_time_limit(config: TrainConfig, processes: processes_lib.Processes) -> None:
-    """Refuses, before anything is written, a ``time_limit`` on several processes or
-    workers: each would time its own epochs and decide on its own when to stop."""
-    workers = max(processes.count, 1)
-    if config.backend == "tensorflow" and (
+def _multiworker(config: TrainConfig) -> bool:
+    """Whether the run trains under MultiWorkerMirroredStrategy (chute's own loop)."""
+    return config.backend == "tensorflow" and (
         config.strategy == "multiworker"
         or (config.strategy == "auto" and strategy_lib.count_workers() > 1)
-    ):
+    )
+
+
+def _check_one_process_options(
+    config: TrainConfig, processes: processes_lib.Processes, callbacks: list
+) -> None:
+    """Refuses, before anything is written, what only a run in one process can do: a
+    ``time_limit`` (over several processes or workers each would time its own epochs
+    and stop on its own), and ``callbacks`` under MultiWorkerMirroredStrategy (trained
+    in chute's own loop, not Keras's fit)."""
+    workers = max(processes.count, 1)
+    if _multiworker(config):
+        if callbacks:
+            raise ChuteError(
+                "`callbacks` go to Keras's fit, which MultiWorkerMirroredStrategy runs do "
+                f"not use (chute's own loop trains them). Received: {len(callbacks)} callbacks"
+            )
         workers = max(workers, strategy_lib.count_workers(), 2)
     if config.time_limit is not None and workers > 1:
         raise ChuteError(
