@@ -203,18 +203,23 @@ def test_a_resumed_conversion_writes_a_shard_again_when_its_index_is_gone(tmp_pa
         lambda note: note.update(bytes="12"),
         lambda note: note.pop("num_records"),
         lambda note: note.update(index=None),
+        lambda note: note.pop("digests"),  # a note as an older chute wrote it
     ],
 )
 def test_a_damaged_shard_note_has_that_shard_written_again(tmp_path, damage):
+    import base64
+
     from chute.ingest import writer
 
     with writer.ShardWriter(str(tmp_path / TRAIN0)) as shard:
         shard.write(records.frame(b"r") * 2, [0, 1])
     note = Path(writer.note_path(str(tmp_path), TRAIN0))
     note.parent.mkdir()
-    note.write_text(json.dumps(shard.info))
-    assert writer.load_note(str(tmp_path), TRAIN0) == shard.info
-    damaged = dict(shard.info)
+    # The shard's entry, and what became of each of its records (as write_shard notes it).
+    info = dict(shard.info, digests=base64.b64encode(bytes(64)).decode(), missing=[], fates={})
+    note.write_text(json.dumps(info))
+    assert writer.load_note(str(tmp_path), TRAIN0) == info
+    damaged = dict(info)
     damage(damaged)
     note.write_text(json.dumps(damaged))
     assert writer.load_note(str(tmp_path), TRAIN0) is None

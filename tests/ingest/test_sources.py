@@ -567,6 +567,51 @@ def test_npz_rgb_with_class_names_converts_to_exact_pixels(tmp_path):
         np.testing.assert_array_equal(decode(record), x[index])
 
 
+def test_npz_rows_go_to_the_workers_as_one_array_a_chunk_with_the_same_bytes(tmp_path):
+    """At ImageNet's shape a task of 64 rows, each pickled as an array of its own, cost the
+    converter more than encoding them; now a chunk's rows are one array (up to 1 MiB) and
+    an array's header is read once, in the converter, not once a row by a worker."""
+    import pickle
+
+    from helpers import tree_bytes
+
+    from chute.ingest import convert as converting
+    from chute.ingest import workers
+    from chute.ingest.encode import Chunk
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(300, 4, 4), dtype=np.uint8)
+    path = tmp_path / "data.npz"
+    np.savez(path, x_train=x[:250], y_train=np.arange(250) % 3, x_val=x[250:], y_val=[0, 1] * 25)
+    found = sources.scan(str(path))
+    train = [item for item in found.items if item.split == "train"][:70]
+    rows = found.payloads(train)
+    assert isinstance(rows, np.ndarray) and rows.shape == (70, 4, 4)
+    np.testing.assert_array_equal(rows, x[[item.index for item in train]])
+    mixed = found.payloads([found.items[0], found.items[-1]])  # rows of two arrays
+    assert isinstance(mixed, list) and len(mixed) == 2
+    np.testing.assert_array_equal(mixed[1], x[-1])
+    chunk = Chunk([item.key for item in train], [item.label for item in train], rows)
+    # The task pickles one array object, not one a row (the rows' own bytes, together).
+    task = pickle.loads(pickle.dumps(chunk))
+    assert isinstance(task.payloads, np.ndarray) and task.payloads.flags.c_contiguous
+    assert workers.task_cost((chunk, "spec", 1)) == 70
+    assert converting._chunk_size(found) == converting.MAX_CHUNK  # 16-byte rows
+    options = chute.ConvertOptions()
+    probed = converting._probe(found, range(len(found.items)), options, None, None)  # no pool
+    assert {p.height for p in probed} == {4} and len(probed) == 300
+    # The output does not depend on the chunk's size or the number of workers.
+    one = tmp_path / "one"
+    chute.convert(path, one, workers=1, encoding="raw")
+    original = converting.MAX_CHUNK
+    try:
+        converting.MAX_CHUNK = 64
+        chute.convert(path, tmp_path / "two", workers=2, encoding="raw")
+    finally:
+        converting.MAX_CHUNK = original
+    assert tree_bytes(one) == tree_bytes(tmp_path / "two")
+
+
 def test_npz_with_train_and_test_arrays(tmp_path):
     rng = np.random.default_rng(2)
     path = tmp_path / "data.npz"

@@ -74,19 +74,45 @@ def test_class_without_training_image_is_an_error():
 def test_leak_guard_keeps_copies_out_of_lower_splits_and_reports_them():
     guard = LeakGuard()
     same, other = hashlib.sha256(b"x").digest(), hashlib.sha256(b"y").digest()
-    assert guard.admit(same, "a/1.png", 0, "train")
-    assert guard.admit(same, "a/2.png", 0, "train")  # a duplicate inside train stays
-    assert guard.admit(other, "a/3.png", 0, "val")
-    assert not guard.admit(same, "a/4.png", 0, "val")  # would leak train into val
-    assert not guard.admit(other, "b/5.png", 1, "test")  # would leak val into test
-    assert guard.admit(hashlib.sha256(b"z").digest(), "a/6.png", 0, "test")
-    report = guard.report()
+    records = [("a/1.png", 0), ("a/2.png", 0), ("a/3.png", 0), ("a/4.png", 0), ("b/5.png", 1)]
+    records.append(("a/6.png", 0))
+    assert guard.admit(same, "train", 0)
+    assert guard.admit(same, "train", 1)  # a duplicate inside train stays
+    assert guard.admit(other, "val", 2)
+    assert not guard.admit(same, "val", 3)  # would leak train into val
+    assert not guard.admit(other, "test", 4)  # would leak val into test
+    assert guard.admit(hashlib.sha256(b"z").digest(), "test", 5)
+    report = guard.report(records.__getitem__)
     assert [g["keys"] for g in report] == [
         ["a/1.png", "a/2.png", "a/4.png"],
         ["a/3.png", "b/5.png"],
     ]
     assert report[0]["dropped"] == ["a/4.png"] and report[0]["splits"] == ["train", "train", "val"]
     assert report[1]["labels"] == [0, 1] and report[1]["dropped"] == ["b/5.png"]
+
+
+def test_leak_guard_finds_copies_whose_digests_share_a_prefix_or_end_in_zeros():
+    # Digests alike in their first 8 bytes are no copies; ones ending in NULs still match.
+    guard = LeakGuard()
+    first, second = bytes(8) + b"\x01" * 24, bytes(8) + b"\x02" * 24
+    ending = b"\x03" * 30 + bytes(2)
+    assert guard.admit(first, "train", 0) and guard.admit(second, "train", 1)
+    assert guard.admit(ending, "train", 2)
+    assert guard.admit(bytes(32), "train", 3)
+    assert not guard.admit(ending, "val", 4)
+    assert guard.admit(second[:31] + b"\x09", "val", 5)
+    assert not guard.admit(bytes(32), "test", 6)
+    report = guard.report(lambda ref: (f"k{ref}", 0))
+    assert [group["keys"] for group in report] == [["k2", "k4"], ["k3", "k6"]]
+    assert [group["dropped"] for group in report] == [["k4"], ["k6"]]
+    assert report[1]["sha256"] == "00" * 32
+
+
+def test_leak_guard_refuses_records_out_of_split_order():
+    guard = LeakGuard()
+    guard.admit(hashlib.sha256(b"x").digest(), "val", 0)
+    with pytest.raises(ValueError, match="train came after"):
+        guard.admit(hashlib.sha256(b"y").digest(), "train", 1)
 
 
 def test_presplit_items_keep_their_split_and_fraction_conflict():

@@ -192,11 +192,13 @@ def test_a_label_no_image_carries_is_no_error():
 def test_leak_guard_reports_label_sets():
     guard = LeakGuard()
     same = hashlib.sha256(b"x").digest()
-    assert guard.admit(same, "a/1.png", (0, 2), "train")
-    assert guard.admit(same, "a/2.png", [0, 2], "train")  # a list (from JSON) is the same set
-    assert not guard.admit(same, "a/3.png", (1,), "val")
-    assert not guard.admit(same, "a/4.png", (), "test")
-    [group] = guard.report()
+    # a list (from JSON) is the same set as the tuple
+    records = [("a/1.png", (0, 2)), ("a/2.png", [0, 2]), ("a/3.png", (1,)), ("a/4.png", ())]
+    assert guard.admit(same, "train", 0)
+    assert guard.admit(same, "train", 1)
+    assert not guard.admit(same, "val", 2)
+    assert not guard.admit(same, "test", 3)
+    [group] = guard.report(records.__getitem__)
     assert group["labels"] == [[], [0, 2], [1]]
     assert group["dropped"] == ["a/3.png", "a/4.png"]
 

@@ -42,7 +42,23 @@ VERSION = 4  # 4: multi-label datasets (``label_mode``) and sample weights (``we
 # a single-label dataset without weights is still written as 3, for older readers.
 # 3: sparse per-shard class counts (2: a list of every class's count per shard);
 # 2: the image spec holds resize, interpolation and quality (1: in options)
-_NUMBER_LIST = re.compile(r"\[\s*((?:-?\d+,\s*)*-?\d+)\s*\]")
+# What a list of integers stands in for while the manifest's JSON is written (json.dumps
+# writes the NULs as \u0000, which no string of the manifest holds with these words).
+_PLACEHOLDER = re.compile(r'"\\u0000chute-list-(\d+)\\u0000"')
+
+
+def _placeholders(value: Any, lines: list[str]) -> Any:
+    """``value`` with each non-empty list of integers replaced by a placeholder string
+    naming its one-line JSON in ``lines`` (json.dumps's indent would give each number a
+    line; a text substitution after it could also change a class name that looks alike)."""
+    if isinstance(value, dict):
+        return {key: _placeholders(item, lines) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        if value and all(type(item) is int for item in value):
+            lines.append("[" + ", ".join(map(str, value)) + "]")
+            return f"\0chute-list-{len(lines) - 1}\0"
+        return [_placeholders(item, lines) for item in value]
+    return value
 
 
 @dataclasses.dataclass
@@ -132,10 +148,13 @@ class Manifest:
             body[field.name] = getattr(self, field.name)
         body["image"] = self.image.to_dict()
         body["splits"] = {name: split.to_dict() for name, split in self.splits.items()}
+        # Lists of integers (per-class counts, sizes) stay on one line each: written here,
+        # each in place of a placeholder that json.dumps writes as a string.
+        lines: list[str] = []
+        body = _placeholders(body, lines)
         # ensure_ascii=False: class names stay readable in any script, not \u escapes.
         text = json.dumps(body, indent=1, ensure_ascii=False)
-        # Keep lists of numbers (per-class counts, sizes) on one line each.
-        return _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\s+", ", ", m[1]) + "]", text) + "\n"
+        return _PLACEHOLDER.sub(lambda m: lines[int(m[1])], text) + "\n"
 
     @classmethod
     def from_json(cls, text: str, location: str = "", *, file: str = "") -> Manifest:

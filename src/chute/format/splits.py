@@ -298,7 +298,7 @@ def count(where: str, field: str, value: Any) -> int:
 
 def listed_counts(where: str, field: str, value: Any, names: list[str] | None) -> list[int]:
     """A count per class, in label order: as many as there are class names."""
-    if not isinstance(value, list) or not all(checks.is_int(c) and c >= 0 for c in value):
+    if not isinstance(value, list) or not checks.all_ints(value, minimum=0):
         wanted = "" if names is None else f" {len(names)}"
         raise bad(where, field, value, f"a list of{wanted} counts, one per class name")
     if names is not None and len(value) != len(names):
@@ -321,13 +321,14 @@ def _sparse_counts(
     if not isinstance(value, dict):
         raise bad(where, field, value, allowed)
     labels, counts = value.get("classes", MISSING), value.get("counts", MISSING)
-    if not isinstance(labels, list) or not all(checks.is_int(c) for c in labels):
+    if not isinstance(labels, list) or not checks.all_ints(labels):
         raise bad(where, f"{field}.classes", labels, "a list of labels")
     # A label twice would count its class twice in the split's totals.
     if len(set(labels)) != len(labels):
         raise bad(where, f"{field}.classes", labels, "a list of distinct labels")
-    beyond = [label for label in labels if names is not None and not 0 <= label < len(names)]
-    if names is not None and beyond:
+    outside = names is not None and labels and not 0 <= min(labels) <= max(labels) < len(names)
+    beyond = [label for label in labels if not 0 <= label < len(names)] if outside else []
+    if beyond:
         raise bad(
             where,
             f"{field}.classes",
@@ -338,7 +339,7 @@ def _sparse_counts(
     if (
         not isinstance(counts, list)
         or len(counts) != len(labels)
-        or not all(checks.is_int(c) and c >= 0 for c in counts)
+        or not checks.all_ints(counts, minimum=0)
     ):
         raise bad(where, f"{field}.counts", counts, f"{len(labels)} counts, one per label")
-    return tuple((int(label), int(n)) for label, n in zip(labels, counts, strict=True))
+    return tuple(zip(map(int, labels), map(int, counts), strict=True))

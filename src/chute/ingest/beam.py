@@ -394,10 +394,10 @@ def _kept_hashes(name, output):
     from chute.ingest import writer
 
     rank = _rank(name)
-    for digest, fate in writer.read_note(output, name)["outcomes"]:
+    for digest, fate in writer.outcomes(writer.read_note(output, name)):
         if not writer.rejected(fate):
             # No shard name: the copy takes part in the leak rule but is not written again.
-            yield bytes.fromhex(digest), ("", -1, rank)
+            yield digest, ("", -1, rank)
 
 
 def _decide(group):

@@ -23,6 +23,7 @@ bytes are the same.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -32,7 +33,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chute import collector
@@ -43,7 +44,8 @@ from chute.format.spec import ImageSpec
 from chute.image.header import Probe
 from chute.ingest import layout, lock, resume, sources, writer
 from chute.ingest import workers as worker_pool
-from chute.ingest.encode import Encoded
+from chute.ingest.decode import probe_chunk
+from chute.ingest.encode import Chunk, Encoded
 from chute.ingest.options import ConvertOptions
 from chute.ingest.sources.base import scratch_named
 from chute.ingest.split import LeakGuard, NoTrainingImages, split_items
@@ -55,7 +57,9 @@ log = logging.getLogger(__name__)
 log.addFilter(storage.LOG_FILTER)  # a source's URL is logged without its credentials
 
 PROBE_CHUNK = 256
-ENCODE_CHUNK = 64
+ENCODE_CHUNK = 64  # files: each can be megabytes
+ARRAY_CHUNK_BYTES = 1 << 20  # rows of an array: as many as fit (up to MAX_CHUNK)
+MAX_CHUNK = 1024
 _SIZE_SAMPLE = 256  # headers read to estimate shard sizes when nothing else needs them
 ProgressFn = Callable[[str, int, int], None]
 
@@ -311,6 +315,8 @@ def _probe(
     pool,
     progress: ProgressFn | None,
 ) -> list[Probe]:
+    if isinstance(found, sources.ArraySource):
+        return _probe_arrays(found, indices, options, progress)
     tasks = (
         (
             [found.payload(found.items[i]) for i in indices[start : start + PROBE_CHUNK]],
@@ -326,15 +332,37 @@ def _probe(
     return probes
 
 
+def _probe_arrays(
+    found: sources.ArraySource,
+    indices: range,
+    options: ConvertOptions,
+    progress: ProgressFn | None,
+) -> list[Probe]:
+    """The probes of an array source's items, read here: every row of one array has
+    the array's header (a worker round trip a row costs more than the header itself)."""
+    probes = {
+        name: probe_chunk([array[0]], options.max_pixels)[0]
+        for name, array in found.arrays.items()
+        if len(array)
+    }
+    found_probes = [probes[found.items[i].split or "train"] for i in indices]
+    if progress:
+        progress("check", len(found_probes), len(indices))
+    return found_probes
+
+
 def _crashed(function: str, task: tuple, code: int) -> list:
     """The result of a task that killed two worker processes: each of its files rejected."""
     reason = (
         f"the worker process crashed twice (exit code {code}) on the chunk of "
         f"{len(task[0])} files holding this one"
     )
+    # Every file of the chunk is rejected: which one crashed the worker cannot be told.
     if function == "probe_chunk":
-        # Every file of the chunk is rejected: which one crashed the worker cannot be told.
         return [Probe(reason, False, 0, 0, "", 0) for _ in task[0]]
+    if function == "encode_columns":
+        count = len(task[0])
+        return [None] * count, [None] * count, [reason] * count
     return [Encoded(None, None, reason) for _ in task[0]]
 
 
@@ -352,6 +380,7 @@ class _Plan:
     spec: ImageSpec
     shards: list[layout.Shard]  # every shard, in plan order (train first)
     rejects: list[dict]  # inputs refused while scanning or from their header: in no shard
+    chunk: int = ENCODE_CHUNK  # items per worker task
 
 
 def _plan(
@@ -394,7 +423,18 @@ def _plan(
         # A sample only: the records' size is estimated, every file is read in full later anyway.
         probes = _probe(found, everything[::step], options, pool, None)
     shards = layout.plan_shards(split.indices, layout.bytes_per_record(spec, probes or []), options)
-    return _Plan(sources.source_identity(source), found, options, output, spec, shards, rejects)
+    identity = sources.source_identity(source)
+    chunk = _chunk_size(found)
+    return _Plan(identity, found, options, output, spec, shards, rejects, chunk)
+
+
+def _chunk_size(found: sources.Source) -> int:
+    """Items per worker task: :data:`ENCODE_CHUNK` files, or rows of an array up to
+    :data:`ARRAY_CHUNK_BYTES` (tiny rows in chunks of 64 cost more to send than to encode)."""
+    if not isinstance(found, sources.ArraySource) or not found.arrays:
+        return ENCODE_CHUNK
+    row = max(array[0].nbytes if len(array) else 1 for array in found.arrays.values())
+    return max(ENCODE_CHUNK, min(MAX_CHUNK, ARRAY_CHUNK_BYTES // max(1, row)))
 
 
 def _why_no_images(
@@ -435,12 +475,15 @@ def _why_no_images(
 def _target(item: sources.Item) -> int | records.Target:
     """What the item's record says of it besides the image: its class (single-label, no
     weight: as every dataset before multi-label), or its labels and weight."""
+    if item.labels is None and item.weight is None:
+        return item.label  # the common case, without a call
     return records.target_of(item.label, item.labels, item.weight)
 
 
-def _labels(item: sources.Item) -> int | tuple[int, ...]:
-    """The item's class, or its set of labels: what the LeakGuard reports of a copy."""
-    return item.label if item.labels is None else item.labels
+def _described(item: sources.Item) -> tuple[str, int | tuple[int, ...]]:
+    """The item's key, and its class or its set of labels: what the LeakGuard reports of
+    a copy."""
+    return item.key, item.label if item.labels is None else item.labels
 
 
 class _Tally:
@@ -460,15 +503,21 @@ class _Tally:
         """Adds a finished shard's note; with ``replay``, also feeds the LeakGuard what it
         saw when the shard was written (its duplicates report; a shard written by this
         process fed it already)."""
-        for index, (digest, fate) in zip(shard.indices, note.pop("outcomes"), strict=True):
-            item = self.found.items[index]
-            if replay and not writer.rejected(fate):
-                self.guard.admit(bytes.fromhex(digest), item.key, _labels(item), shard.split)
-            # NUL separators: no key or label can contain one, so no two inputs hash alike.
-            target = _target(item)
-            self.fingerprint.update(f"{item.key}\0{target}\0{shard.split}\0{digest}\0".encode())
+        items = self.found.items
+        lines = []
+        outcomes = writer.outcomes(note)
+        for index, (digest, fate) in zip(shard.indices, outcomes, strict=True):
+            item = items[index]
             if writer.rejected(fate):
                 self.rejects.append({"key": item.key, "reason": fate})
+            elif replay:
+                self.guard.admit(digest, shard.split, index)
+            # NUL separators: no key or label can contain one, so no two inputs hash alike.
+            shown = None if digest is None else digest.hex()
+            lines.append(f"{item.key}\0{_target(item)}\0{shard.split}\0{shown}\0")
+        self.fingerprint.update("".join(lines).encode())
+        for field in ("digests", "missing", "fates"):
+            del note[field]
         self.infos[shard.name] = note
 
 
@@ -503,14 +552,11 @@ def _start_writing(
     finished shard to check it (else its size is checked). A kept shard that holds a
     source file changed since that run (``files``, the listing now) is written again."""
     items = plan.found.items
-    assignment = [
-        [s.name, [(items[i].key, _target(items[i])) for i in s.indices]] for s in plan.shards
-    ]
     stamp = {
         "source": storage.redact(plan.source),  # stored: no credentials (as in the manifest)
         "options": plan.options.to_dict(),
         # A digest of which item goes to which shard: a kept shard must hold the same items.
-        "layout": hashlib.sha256(json.dumps(assignment).encode()).hexdigest(),
+        "layout": _layout_digest(plan),
         "spec": plan.spec.to_dict(),
     }
     resume.start_work(plan.output, stamp)
@@ -518,11 +564,12 @@ def _start_writing(
     resume.remove_orphans(plan.output, {shard.name for shard in plan.shards})
     changed = resume.changed_since_start(plan.output, files)
     # a listing of containers (archives, Parquet files) names no item: any change is all
-    everything = bool(changed - {item.key for item in items})
+    everything = bool(changed) and bool(changed - {item.key for item in items})
     notes = {}
     for shard in plan.shards:
         note = writer.load_note(plan.output, shard.name, check_sha256=check_sha256)
-        if note is not None and (everything or any(items[i].key in changed for i in shard.indices)):
+        touched = changed and any(items[i].key in changed for i in shard.indices)
+        if note is not None and (everything or touched):
             log.info("%s holds source files changed since it was written: writing it again",
                      shard.name)  # fmt: skip
             note = None
@@ -531,6 +578,18 @@ def _start_writing(
     if kept:
         log.info("resuming: %d of %d shards were already complete", kept, len(plan.shards))
     return notes
+
+
+def _layout_digest(plan: _Plan) -> str:
+    """The sha256 of which item goes to which shard: each shard's name, then its items'
+    keys and targets (one JSON array per shard, hashed as it is made)."""
+    items = plan.found.items
+    digest = hashlib.sha256()
+    for shard in plan.shards:
+        members = [items[i] for i in shard.indices]
+        keys = [item.key for item in members]
+        digest.update(json.dumps([shard.name, keys, [_target(item) for item in members]]).encode())
+    return digest.hexdigest()
 
 
 class _LocalWorkers:
@@ -548,14 +607,15 @@ class _LocalWorkers:
         """Each shard with its note, in plan order, and whether the note is an earlier
         run's (the shard was not written again)."""
         todo = [shard for shard in plan.shards if notes[shard.name] is None]
+        sent: collections.deque = collections.deque()  # each task's targets, oldest first
         # Ordered results: shards are written in plan order, so their bytes never depend on timing.
-        results = self.pool.ordered("encode_chunk", _encode_tasks(plan, todo))
+        results = self.pool.ordered("encode_columns", _encode_tasks(plan, todo, sent))
         for shard in plan.shards:
             note = notes[shard.name]
             if note is not None:
                 yield shard, note, True
             else:
-                yield shard, _write_shard(plan, shard, results, guard), False
+                yield shard, _write_shard(plan, shard, results, sent, guard), False
 
 
 class _OnBeam:
@@ -580,36 +640,40 @@ class _OnBeam:
             yield shard, dict(notes[shard.name]), True
 
 
-def _encode_tasks(plan: _Plan, shards: list[layout.Shard]) -> Iterator[tuple]:
-    """The worker tasks that encode ``shards``: chunks of ``(key, label, payload)``."""
+def _encode_tasks(
+    plan: _Plan, shards: list[layout.Shard], sent: collections.deque
+) -> Iterator[tuple]:
+    """The worker tasks that encode ``shards``: a :class:`Chunk` each; each chunk's
+    targets are kept in ``sent`` for its records."""
     found = plan.found
     for shard in shards:
-        for start, stop in worker_pool.chunk_bounds(len(shard.indices), ENCODE_CHUNK):
-            chunk = shard.indices[start:stop]
-            items = [
-                (found.items[i].key, _target(found.items[i]), found.payload(found.items[i]))
-                for i in chunk
-            ]
-            yield items, plan.spec, plan.options.max_pixels
+        for start, stop in worker_pool.chunk_bounds(len(shard.indices), plan.chunk):
+            items = [found.items[i] for i in shard.indices[start:stop]]
+            targets = [_target(item) for item in items]
+            sent.append(targets)
+            chunk = Chunk([item.key for item in items], targets, found.payloads(items))
+            yield chunk, plan.spec, plan.options.max_pixels
 
 
-def _write_shard(plan: _Plan, shard: layout.Shard, results: Iterator, guard: LeakGuard) -> dict:
-    """Writes one shard from its encoded chunks, the next ones in ``results``; returns
-    its note. The LeakGuard admits each record, in writing order."""
-    items = plan.found.items
+def _write_shard(
+    plan: _Plan,
+    shard: layout.Shard,
+    results: Iterator,
+    sent: collections.deque,
+    guard: LeakGuard,
+) -> dict:
+    """Writes one shard from its encoded chunks, the next ones in ``results`` (their
+    targets the next ones in ``sent``); returns its note. The LeakGuard admits each
+    record, in writing order."""
 
-    def chunks() -> Iterator[list[writer.Record]]:
-        for start, stop in worker_pool.chunk_bounds(len(shard.indices), ENCODE_CHUNK):
-            chunk = shard.indices[start:stop]
-            yield [
-                (_target(items[i]), *encoded)
-                for i, encoded in zip(chunk, next(results), strict=True)
-            ]
+    def chunks() -> Iterator[Iterable[writer.Record]]:
+        for _ in worker_pool.chunk_bounds(len(shard.indices), plan.chunk):
+            digests, framed, rejects = next(results)  # the task was made before its result
+            yield zip(sent.popleft(), digests, framed, rejects, strict=True)
 
     def admit(position: int, digest: bytes) -> bool:
-        item = items[shard.indices[position]]
         # In writing order, so which copy of a duplicate is kept does not depend on the workers.
-        return guard.admit(digest, item.key, _labels(item), shard.split)
+        return guard.admit(digest, shard.split, shard.indices[position])
 
     lock.check_held(plan.output)  # a conversion that took over OUT writes it now, not this one
     return writer.write_shard(plan.output, shard.name, chunks(), admit=admit)
@@ -661,7 +725,7 @@ def _manifest(plan: _Plan, written: _Tally) -> manifest_lib.Manifest:
             "num_items": len(found.items),
         },
         rejects=sorted(plan.rejects + written.rejects, key=lambda r: r["key"]),
-        duplicates=written.guard.report(),
+        duplicates=written.guard.report(lambda index: _described(found.items[index])),
         warnings=_warnings(found.class_names, splits)
         + _without_val(found.class_names, splits, plan.options),
         created_by=f"chute {__version__}",

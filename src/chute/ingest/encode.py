@@ -10,7 +10,9 @@ encoding).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,14 +35,38 @@ class Encoded(NamedTuple):
     reject: str | None
 
 
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """A chunk of items to encode, by column: what a worker task carries.
+
+    ``payloads`` is a list (paths, archive members), or one array whose rows are the
+    images: a worker task then pickles one array, not an array object per image.
+
+    Example:
+        >>> chunk = Chunk(["a", "b"], [0, 1], ["a.png", "b.png"])
+        >>> len(chunk), list(chunk)[1]
+        (2, ('b', 1, 'b.png'))
+    """
+
+    keys: list[str]
+    targets: list[int | records.Target]
+    payloads: Sequence[Any]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[tuple[str, int | records.Target, Any]]:
+        return zip(self.keys, self.targets, self.payloads, strict=True)
+
+
 def encode_chunk(
-    items: list[tuple[str, int, Any]], spec: ImageSpec, max_pixels: int
+    items: Iterable[tuple[str, int | records.Target, Any]], spec: ImageSpec, max_pixels: int
 ) -> list[Encoded]:
     """Hashes, decodes, converts, resizes and encodes a chunk; frames the records.
 
     Args:
-        items: ``(key, label, payload)`` triples; payload is a path, an archive
-            :class:`~chute.ingest.sources.members.Member` or an array.
+        items: ``(key, label, payload)`` triples (or a :class:`Chunk`); payload is a
+            path, an archive :class:`~chute.ingest.sources.members.Member` or an array.
         spec: how to store the images.
         max_pixels: larger images are rejected.
 
@@ -65,6 +91,27 @@ def encode_chunk(
             reason = f"cannot convert image: {type(error).__name__}: {error}"
             out.append(Encoded(digest, None, reason.splitlines()[0][:300]))
     return out
+
+
+def encode_columns(
+    items: Iterable[tuple[str, int | records.Target, Any]], spec: ImageSpec, max_pixels: int
+) -> tuple[list[bytes | None], list[bytes | None], list[str | None]]:
+    """:func:`encode_chunk`'s outcomes as three lists, digests, records and rejects: a
+    worker's reply that the converter unpickles without an object per image.
+
+    Example:
+        >>> spec = ImageSpec(2, 2, 1, "raw")
+        >>> digests, framed, rejects = encode_columns([("a", 0, np.zeros((2, 2), np.uint8))],
+        ...                                           spec, 100)
+        >>> len(digests[0]), rejects
+        (32, [None])
+    """
+    encoded = encode_chunk(items, spec, max_pixels)
+    return (
+        [outcome.digest for outcome in encoded],
+        [outcome.record for outcome in encoded],
+        [outcome.reject for outcome in encoded],
+    )
 
 
 def encode_one(

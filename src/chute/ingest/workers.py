@@ -22,7 +22,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, BinaryIO
 
 from chute import checks
@@ -48,7 +48,11 @@ def functions() -> dict:
     """What a worker may be asked to run, by name."""
     from chute.ingest import decode, encode
 
-    return {"probe_chunk": decode.probe_chunk, "encode_chunk": encode.encode_chunk}
+    return {
+        "probe_chunk": decode.probe_chunk,
+        "encode_chunk": encode.encode_chunk,
+        "encode_columns": encode.encode_columns,
+    }
 
 
 def check_workers(workers: int | None) -> int:
@@ -67,7 +71,9 @@ def task_cost(task: tuple) -> int:
         (2, 1)
     """
     first = task[0] if task else None
-    return max(1, len(first)) if isinstance(first, list | tuple) else 1
+    # a list of items, or a chunk of them by column (chute.ingest.encode.Chunk)
+    sized = isinstance(first, Sized) and not isinstance(first, str | bytes)
+    return max(1, len(first)) if sized else 1
 
 
 def chunk_bounds(length: int, size: int) -> list[tuple[int, int]]:

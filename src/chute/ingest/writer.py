@@ -16,19 +16,19 @@ Example:
     >>> records = [(0, b"\\x01" * 32, b"framed", None), (1, b"\\x02" * 32, None, "truncated")]
     >>> note = write_shard("out", "train-00000-of-00001.tfrecord", [records],
     ...                    admit=lambda position, digest: True)  # doctest: +SKIP
-    >>> note["num_records"], [fate for _, fate in note["outcomes"]]  # doctest: +SKIP
+    >>> note["num_records"], [fate for _, fate in outcomes(note)]  # doctest: +SKIP
     (1, ['', 'truncated'])
 """
 
 from __future__ import annotations
 
+import base64
 import collections
-import functools
 import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from chute.errors import ChuteError
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 # A record's fate besides a reject reason: written, or dropped because its content is
 # already in a higher split (see chute.ingest.split.LeakGuard).
 KEPT, LEAK = "", "leak"
+NO_DIGEST = bytes(32)  # in a note's digests, where a record has no content hash
 # One encoded record: its target (a class, or a records.Target), content sha256, framed
 # record and reject reason (or None).
 Record = tuple[int | records.Target, bytes | None, bytes | None, str | None]
@@ -76,7 +77,7 @@ def rejected(outcome: str) -> bool:
 def write_shard(
     output: str,
     name: str,
-    chunks: Iterable[Sequence[Record]],
+    chunks: Iterable[Iterable[Record]],
     *,
     admit: Callable[[int, bytes], bool],
 ) -> dict:
@@ -91,11 +92,14 @@ def write_shard(
             shard stays in its split (False: a higher split holds its content).
 
     Returns:
-        The note: the shard's manifest entry, its ``split`` and, per record, its
-        ``outcomes`` (content sha256 in hex, fate).
+        The note: the shard's manifest entry, its ``split`` and what :func:`outcomes`
+        reads back: each record's content sha256 (``digests``, base64, 32 bytes each;
+        ``missing``: positions with none) and the fate of each record not kept (``fates``).
     """
     attempt = uuid.uuid4().hex  # a retried Beam bundle may run beside the first attempt
-    outcomes: list[tuple[str | None, str]] = []
+    digests: list[bytes] = []  # of each record, kept or not (NO_DIGEST where none)
+    fates: dict[str, str] = {}  # position -> fate, for every record not kept
+    missing: list[int] = []  # positions of records with no content hash
     with ShardWriter(
         storage.join(output, name),
         tmp_dir=storage.join(output, manifest.WORK_DIR),
@@ -104,17 +108,49 @@ def write_shard(
         for chunk in chunks:
             kept, labels = [], []
             for label, digest, record, reject in chunk:
-                # len(outcomes): the record's position in the shard, kept or not.
-                outcome = fate(reject, functools.partial(admit, len(outcomes), digest))
-                outcomes.append((digest.hex() if digest else None, outcome))
+                position = len(digests)  # in the shard, kept or not
+                if digest is None:
+                    missing.append(position)
+                digests.append(digest or NO_DIGEST)
+                # fate(), unrolled: this loop runs once per image
+                if reject is not None:
+                    outcome = reject
+                else:
+                    outcome = KEPT if admit(position, digest) else LEAK
                 if outcome == KEPT:
                     kept.append(record)
                     labels.append(label)
+                else:
+                    fates[str(position)] = outcome
             writer.write(b"".join(kept), labels)
-    note = dict(writer.info, split=split_of(name), outcomes=outcomes)
+    note = dict(
+        writer.info,
+        split=split_of(name),
+        digests=base64.b64encode(b"".join(digests)).decode(),
+        missing=missing,
+        fates=fates,
+    )
     # The note last: its presence is what a re-run takes as proof of a finished shard.
     _write_atomic(note_path(output, name), json.dumps(note).encode(), attempt)
     return note
+
+
+def outcomes(note: dict) -> Iterator[tuple[bytes | None, str]]:
+    """Each record's content sha256 (None where it has none) and fate, in shard order,
+    from a shard's note.
+
+    Example:
+        >>> note = {"digests": base64.b64encode(bytes(64)).decode(), "missing": [1],
+        ...         "fates": {"1": "truncated"}}
+        >>> [(digest is not None, fate) for digest, fate in outcomes(note)]
+        [(True, ''), (False, 'truncated')]
+    """
+    digests = base64.b64decode(note["digests"])
+    missing = set(note["missing"])
+    fates = note["fates"]
+    for position in range(len(digests) // len(NO_DIGEST)):
+        digest = digests[position * 32 : position * 32 + 32]
+        yield (None if position in missing else digest), fates.get(str(position), KEPT)
 
 
 def note_path(output: str, name: str) -> str:
@@ -142,7 +178,8 @@ def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | No
         return None
     info = read_note(output, name)
     index_path = record_index.index_path(output, record_index.index_name(name))
-    if "index" not in info or not storage.exists(index_path):
+    # "digests": a note in the form this chute writes (an older one is written again)
+    if "index" not in info or "digests" not in info or not storage.exists(index_path):
         return None
     try:
         entry = manifest.Shard.from_dict(info, note_path(output, name))
@@ -228,6 +265,9 @@ class ShardWriter:
         self._hash.update(framed)
         self._bytes += len(framed)
         self._records += len(labels)
+        if all(type(label) is int for label in labels):  # single-label: counted in one call
+            self._class_counts.update(labels)
+            return
         for label in labels:
             self._class_counts.update(records.classes_in(label))
 

@@ -99,9 +99,10 @@ def _array_source(
         arrays[split] = x
         # Zero-padded keys: they sort in array order.
         width = max(5, len(str(len(x))))
+        named = split if presplit else None
         items.extend(
-            Item(f"{split}/{i:0{width}d}", int(label), split if presplit else None, None, i)
-            for i, label in enumerate(y)
+            Item(f"{split}/{i:0{width}d}", label, named, None, i)
+            for i, label in enumerate(y.tolist())  # Python ints: one conversion for all
         )
     if class_names is None:
         class_names = [str(i) for i in range(max_label + 1)]
@@ -125,14 +126,19 @@ def scan_npz(path: str) -> Source:
     splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     try:
         # allow_pickle=False: a .npz from elsewhere must not run code when it is loaded.
-        data = np.load(io.BytesIO(storage.read_bytes(path)), allow_pickle=False)
-        keys = set(data.files)
-        if {"x", "y"} <= keys:
-            splits["train"] = (data["x"], data["y"])
-        for split in SPLITS:
-            if {f"x_{split}", f"y_{split}"} <= keys:
-                splits[split] = (data[f"x_{split}"], data[f"y_{split}"])
-        names = [str(n) for n in data["class_names"].tolist()] if "class_names" in keys else None
+        # A local file is read member by member, not held whole beside its arrays.
+        where = storage.local_path(path) if storage.is_local(path) else None
+        opened = where if where else io.BytesIO(storage.read_bytes(path))
+        with np.load(opened, allow_pickle=False) as data:
+            keys = set(data.files)
+            if {"x", "y"} <= keys:
+                splits["train"] = (data["x"], data["y"])
+            for split in SPLITS:
+                if {f"x_{split}", f"y_{split}"} <= keys:
+                    splits[split] = (data[f"x_{split}"], data[f"y_{split}"])
+            names = None
+            if "class_names" in keys:
+                names = [str(n) for n in data["class_names"].tolist()]
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         raise ChuteError(f"`source` is not a readable .npz file: {path!r} ({error})") from None
     if "train" not in splits:

@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -118,6 +118,10 @@ class Source(Protocol):
     def payload(self, item: Item) -> Any:
         """What a worker needs to read the item: a path, an archive member, or its pixels."""
 
+    def payloads(self, items: Sequence[Item]) -> Sequence[Any]:
+        """The payloads of ``items``, in order: a list, or one array whose rows are the
+        items' pixels (one object to send to a worker, not one per image)."""
+
     def listing(self) -> list[ListingRow]:
         """Each source file's ``(key, size, modification time in ns)``, sorted: what
         ``source-files.csv`` keeps for a re-run to compare with."""
@@ -143,6 +147,9 @@ class _Scanned:
     rejects: list[dict] = dataclasses.field(default_factory=list)
     multi_label: bool = False  # items carry ``labels``, not one ``label``
     weighted: bool = False  # items carry a ``weight``
+
+    def payloads(self, items: Sequence[Item]) -> Sequence[Any]:
+        return [self.payload(item) for item in items]
 
     def close(self) -> None:
         """Nothing to delete: only a :class:`MemberSource` unpacks anything."""
@@ -177,6 +184,13 @@ class ArraySource(_Scanned):
     def payload(self, item: Item) -> Any:
         # An unsplit array source holds everything under "train".
         return self.arrays[item.split or "train"][item.index]
+
+    def payloads(self, items: Sequence[Item]) -> Sequence[Any]:
+        names = {item.split or "train" for item in items}
+        if len(names) != 1:
+            return [self.payload(item) for item in items]
+        # Rows of one array: taken as one array (a copy of just these rows).
+        return self.arrays[names.pop()][[item.index for item in items]]
 
     def listing(self) -> list[ListingRow]:
         if self.containers:
