@@ -76,9 +76,9 @@ def _crash_on_write(monkeypatch, call: int) -> None:
     """ShardWriter.write raises on its ``call``-th call: a conversion killed mid-run."""
     real, calls = ShardWriter.write, []
 
-    def write(self, framed, labels):
+    def write(self, framed, labels, **given):
         calls.append(self.path)
-        real(self, framed, labels)
+        real(self, framed, labels, **given)
         if len(calls) == call:
             raise KeyboardInterrupt
 

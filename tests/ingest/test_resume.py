@@ -45,11 +45,11 @@ def _crash_on_write(monkeypatch, call: int, *, before: bool = False) -> None:
     real = ShardWriter.write
     calls = []
 
-    def write(self, framed, labels):
+    def write(self, framed, labels, **given):
         calls.append(self.path)
         if len(calls) == call and before:
             raise Crash(f"simulated crash before write #{call}")
-        real(self, framed, labels)
+        real(self, framed, labels, **given)
         if len(calls) == call:
             raise Crash(f"simulated crash after write #{call}")
 

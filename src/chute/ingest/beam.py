@@ -425,6 +425,10 @@ def _write_shard(element, output):
     name, groups = element
     keep = dict(groups["keep"])  # position -> stays in its split (rejects have no entry)
     ordered = sorted(groups["images"], key=lambda r: r[0])  # every position, 0 to n - 1
-    records = [(label, digest, record, reject) for _, label, digest, record, reject in ordered]
-    writer.write_shard(output, name, [records], admit=lambda position, _: keep[position])
+    columns = tuple(list(column) for column in zip(*ordered, strict=True))[1:] or ([],) * 4
+
+    def admit(start: int, digests: list[bytes | None]) -> list[bool]:
+        return [keep.get(start + offset, True) for offset in range(len(digests))]
+
+    writer.write_shard(output, name, [columns], admit=admit)
     return name

@@ -33,7 +33,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chute import collector
@@ -45,7 +45,7 @@ from chute.image.header import Probe
 from chute.ingest import layout, lock, resume, sources, writer
 from chute.ingest import workers as worker_pool
 from chute.ingest.decode import probe_chunk
-from chute.ingest.encode import Chunk, Encoded
+from chute.ingest.encode import Chunk, Encoded, fingerprint_text
 from chute.ingest.options import ConvertOptions
 from chute.ingest.sources.base import scratch_named
 from chute.ingest.split import LeakGuard, NoTrainingImages, split_items
@@ -361,8 +361,10 @@ def _crashed(function: str, task: tuple, code: int) -> list:
     if function == "probe_chunk":
         return [Probe(reason, False, 0, 0, "", 0) for _ in task[0]]
     if function == "encode_columns":
-        count = len(task[0])
-        return [None] * count, [None] * count, [reason] * count
+        chunk = task[0]
+        count = len(chunk)
+        text = fingerprint_text(chunk.keys, chunk.targets, chunk.split, ["None"] * count)
+        return [None] * count, [None] * count, [reason] * count, text
     return [Encoded(None, None, reason) for _ in task[0]]
 
 
@@ -486,6 +488,9 @@ def _described(item: sources.Item) -> tuple[str, int | tuple[int, ...]]:
     return item.key, item.label if item.labels is None else item.labels
 
 
+_FINGERPRINT = "fingerprint_text"  # in a note just written: its chunks' fingerprint text
+
+
 class _Tally:
     """What the shards hold, added up from their notes in plan order: the manifest
     entries, the rejects, the LeakGuard (for its duplicates report) and the source
@@ -503,19 +508,19 @@ class _Tally:
         """Adds a finished shard's note; with ``replay``, also feeds the LeakGuard what it
         saw when the shard was written (its duplicates report; a shard written by this
         process fed it already)."""
-        items = self.found.items
-        lines = []
-        outcomes = writer.outcomes(note)
-        for index, (digest, fate) in zip(shard.indices, outcomes, strict=True):
-            item = items[index]
-            if writer.rejected(fate):
-                self.rejects.append({"key": item.key, "reason": fate})
-            elif replay:
-                self.guard.admit(digest, shard.split, index)
-            # NUL separators: no key or label can contain one, so no two inputs hash alike.
-            shown = None if digest is None else digest.hex()
-            lines.append(f"{item.key}\0{_target(item)}\0{shard.split}\0{shown}\0")
-        self.fingerprint.update("".join(lines).encode())
+        items, split = self.found.items, shard.split
+        if note["fates"] or note["missing"] or replay:
+            for index, (digest, fate) in zip(shard.indices, writer.outcomes(note), strict=True):
+                if writer.rejected(fate):
+                    self.rejects.append({"key": items[index].key, "reason": fate})
+                elif replay:
+                    self.guard.admit(digest, split, index)
+        text = note.pop(_FINGERPRINT, None)  # the workers made it; else (a note read) here
+        if text is None:
+            members = [items[index] for index in shard.indices]
+            keys, targets = [item.key for item in members], [_target(i) for i in members]
+            text = fingerprint_text(keys, targets, split, writer.hex_digests(note))
+        self.fingerprint.update(text.encode())
         for field in ("digests", "missing", "fates"):
             del note[field]
         self.infos[shard.name] = note
@@ -651,7 +656,8 @@ def _encode_tasks(
             items = [found.items[i] for i in shard.indices[start:stop]]
             targets = [_target(item) for item in items]
             sent.append(targets)
-            chunk = Chunk([item.key for item in items], targets, found.payloads(items))
+            keys = [item.key for item in items]
+            chunk = Chunk(keys, targets, found.payloads(items), shard.split)
             yield chunk, plan.spec, plan.options.max_pixels
 
 
@@ -666,17 +672,23 @@ def _write_shard(
     targets the next ones in ``sent``); returns its note. The LeakGuard admits each
     record, in writing order."""
 
-    def chunks() -> Iterator[Iterable[writer.Record]]:
-        for _ in worker_pool.chunk_bounds(len(shard.indices), plan.chunk):
-            digests, framed, rejects = next(results)  # the task was made before its result
-            yield zip(sent.popleft(), digests, framed, rejects, strict=True)
+    texts = []  # the fingerprint text of each chunk
 
-    def admit(position: int, digest: bytes) -> bool:
+    def chunks() -> Iterator[writer.Chunk]:
+        for _ in worker_pool.chunk_bounds(len(shard.indices), plan.chunk):
+            digests, framed, rejects, text = next(results)  # its task was sent before
+            texts.append(text)
+            yield sent.popleft(), digests, framed, rejects
+
+    def admit(start: int, digests: list[bytes | None]) -> list[bool]:
         # In writing order, so which copy of a duplicate is kept does not depend on the workers.
-        return guard.admit(digest, shard.split, shard.indices[position])
+        refs = shard.indices[start : start + len(digests)]
+        return guard.admit_many(digests, shard.split, refs)
 
     lock.check_held(plan.output)  # a conversion that took over OUT writes it now, not this one
-    return writer.write_shard(plan.output, shard.name, chunks(), admit=admit)
+    note = writer.write_shard(plan.output, shard.name, chunks(), admit=admit)
+    note[_FINGERPRINT] = "".join(texts)  # not in the note on disk: a re-run makes it again
+    return note
 
 
 # -- finish -------------------------------------------------------------------------------

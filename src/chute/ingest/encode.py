@@ -51,6 +51,7 @@ class Chunk:
     keys: list[str]
     targets: list[int | records.Target]
     payloads: Sequence[Any]
+    split: str = ""  # the split the chunk's shard belongs to, for its fingerprint text
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -94,23 +95,44 @@ def encode_chunk(
 
 
 def encode_columns(
-    items: Iterable[tuple[str, int | records.Target, Any]], spec: ImageSpec, max_pixels: int
-) -> tuple[list[bytes | None], list[bytes | None], list[str | None]]:
-    """:func:`encode_chunk`'s outcomes as three lists, digests, records and rejects: a
-    worker's reply that the converter unpickles without an object per image.
+    chunk: Chunk, spec: ImageSpec, max_pixels: int
+) -> tuple[list[bytes | None], list[bytes | None], list[str | None], str]:
+    """:func:`encode_chunk`'s outcomes as three lists, digests, records and rejects (a
+    worker's reply that the converter unpickles without an object per image), and the
+    chunk's :func:`fingerprint_text`.
 
     Example:
         >>> spec = ImageSpec(2, 2, 1, "raw")
-        >>> digests, framed, rejects = encode_columns([("a", 0, np.zeros((2, 2), np.uint8))],
-        ...                                           spec, 100)
-        >>> len(digests[0]), rejects
-        (32, [None])
+        >>> chunk = Chunk(["a"], [0], np.zeros((1, 2, 2), np.uint8), "train")
+        >>> digests, framed, rejects, text = encode_columns(chunk, spec, 100)
+        >>> len(digests[0]), rejects, text.count("\\0")
+        (32, [None], 4)
     """
-    encoded = encode_chunk(items, spec, max_pixels)
+    encoded = encode_chunk(chunk, spec, max_pixels)
+    digests = [outcome.digest for outcome in encoded]
+    shown = ["None" if digest is None else digest.hex() for digest in digests]
     return (
-        [outcome.digest for outcome in encoded],
+        digests,
         [outcome.record for outcome in encoded],
         [outcome.reject for outcome in encoded],
+        fingerprint_text(chunk.keys, chunk.targets, chunk.split, shown),
+    )
+
+
+def fingerprint_text(
+    keys: Sequence[str], targets: Sequence[Any], split: str, digests: Sequence[str]
+) -> str:
+    """What a conversion's source fingerprint hashes of each image, in order: its key,
+    target, split and content sha256 (hex, or ``"None"``), each ended by a NUL (no key
+    or label holds one, so no two inputs hash alike).
+
+    Example:
+        >>> fingerprint_text(["a/1.png"], [3], "val", ["None"])
+        'a/1.png\\x003\\x00val\\x00None\\x00'
+    """
+    return "".join(
+        f"{key}\0{target}\0{split}\0{digest}\0"
+        for key, target, digest in zip(keys, targets, digests, strict=True)
     )
 
 

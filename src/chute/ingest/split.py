@@ -255,6 +255,33 @@ class LeakGuard:
         self._refs.append(ref)
         return keep
 
+    def admit_many(
+        self, digests: Sequence[bytes | None], split: str, refs: Sequence[int]
+    ) -> list[bool]:
+        """:meth:`admit` for many records of one split at once (a None digest: a record
+        not to weigh, passed over and answered True).
+
+        Example:
+            >>> import hashlib
+            >>> guard, same = LeakGuard(), hashlib.sha256(b"h").digest()
+            >>> guard.admit_many([same, None], "train", [0, 1]), guard.admit(same, "val", 2)
+            ([True, True], False)
+        """
+        rank = _RANK[split]
+        if rank or len(self._above) or None in digests:  # anything to weigh: one by one
+            return [
+                True if digest is None else self.admit(digest, split, ref)
+                for digest, ref in zip(digests, refs, strict=True)
+            ]
+        # The top split, nothing above it: every record stays; each is only noted.
+        joined = b"".join(digests)
+        if len(joined) != 32 * len(digests):
+            raise ValueError("a sha256 digest has 32 bytes")
+        self._digests += joined
+        self._ranks += bytes(len(digests))  # rank 0
+        self._refs.extend(refs)
+        return [True] * len(digests)
+
     def report(self, describe: Callable[[int], tuple[str, Label]]) -> list[dict]:
         """Each group of identical images: keys, splits, labels, and copies dropped;
         ``describe(ref)`` gives a record's key and label (its class, or its classes)."""

@@ -13,9 +13,9 @@ shard (a Beam bundle retried beside the first) write the same bytes under
 names of their own, so either may finish first.
 
 Example:
-    >>> records = [(0, b"\\x01" * 32, b"framed", None), (1, b"\\x02" * 32, None, "truncated")]
-    >>> note = write_shard("out", "train-00000-of-00001.tfrecord", [records],
-    ...                    admit=lambda position, digest: True)  # doctest: +SKIP
+    >>> chunk = ([0, 1], [b"\\x01" * 32, b"\\x02" * 32], [b"framed", None], [None, "truncated"])
+    >>> note = write_shard("out", "train-00000-of-00001.tfrecord", [chunk],
+    ...                    admit=lambda start, digests: [True] * len(digests))  # doctest: +SKIP
     >>> note["num_records"], [fate for _, fate in outcomes(note)]  # doctest: +SKIP
     (1, ['', 'truncated'])
 """
@@ -43,9 +43,9 @@ log = logging.getLogger(__name__)
 # already in a higher split (see chute.ingest.split.LeakGuard).
 KEPT, LEAK = "", "leak"
 NO_DIGEST = bytes(32)  # in a note's digests, where a record has no content hash
-# One encoded record: its target (a class, or a records.Target), content sha256, framed
-# record and reject reason (or None).
-Record = tuple[int | records.Target, bytes | None, bytes | None, str | None]
+# Encoded records, by column: their targets (a class, or a records.Target), content
+# sha256s, framed records and reject reasons (None where encoded).
+Chunk = tuple[list[int | records.Target], list[bytes | None], list[bytes | None], list[str | None]]
 
 
 def fate(reject: str | None, admit: Callable[[], bool]) -> str:
@@ -77,19 +77,21 @@ def rejected(outcome: str) -> bool:
 def write_shard(
     output: str,
     name: str,
-    chunks: Iterable[Iterable[Record]],
+    chunks: Iterable[Chunk],
     *,
-    admit: Callable[[int, bytes], bool],
+    admit: Callable[[int, list[bytes | None]], list[bool]],
 ) -> dict:
     """Writes shard ``name`` into ``output`` (whose work folder exists), then its note.
 
     Args:
         output: the output folder.
         name: the shard's file name (``train-00000-of-00016.tfrecord``).
-        chunks: the shard's encoded records in record order, in chunks; each chunk is
-            written as one piece.
-        admit: ``admit(position, sha256)``: whether the record at ``position`` in the
-            shard stays in its split (False: a higher split holds its content).
+        chunks: the shard's encoded records in record order, in chunks: each chunk is
+            four lists (targets, content sha256s, framed records, reject reasons: see
+            :data:`Chunk`), written as one piece.
+        admit: ``admit(start, sha256s)``: for the chunk's records from position
+            ``start`` in the shard (None for a rejected record), whether each stays in
+            its split (False: a higher split holds its content).
 
     Returns:
         The note: the shard's manifest entry, its ``split`` and what :func:`outcomes`
@@ -105,23 +107,30 @@ def write_shard(
         tmp_dir=storage.join(output, manifest.WORK_DIR),
         tmp_name=f"{name}.{attempt}.partial",
     ) as writer:
-        for chunk in chunks:
+        for targets, hashes, framed, rejects in chunks:
+            start = len(digests)  # the chunk's first position in the shard
+            if any(reject is not None for reject in rejects):
+                weighed = [None if reject else h for h, reject in zip(hashes, rejects, strict=True)]
+            else:
+                weighed = hashes
+            keep = admit(start, weighed)
+            if all(keep) and weighed is hashes:  # every record encoded and kept: in one piece
+                digests += hashes
+                writer.write(b"".join(framed), targets, lengths=[len(r) for r in framed])
+                continue
             kept, labels = [], []
-            for label, digest, record, reject in chunk:
-                position = len(digests)  # in the shard, kept or not
+            for offset, (target, digest, record, reject) in enumerate(
+                zip(targets, hashes, framed, rejects, strict=True)
+            ):
                 if digest is None:
-                    missing.append(position)
+                    missing.append(start + offset)
                 digests.append(digest or NO_DIGEST)
-                # fate(), unrolled: this loop runs once per image
-                if reject is not None:
-                    outcome = reject
-                else:
-                    outcome = KEPT if admit(position, digest) else LEAK
+                outcome = fate(reject, lambda offset=offset, keep=keep: keep[offset])
                 if outcome == KEPT:
                     kept.append(record)
-                    labels.append(label)
+                    labels.append(target)
                 else:
-                    fates[str(position)] = outcome
+                    fates[str(start + offset)] = outcome
             writer.write(b"".join(kept), labels)
     note = dict(
         writer.info,
@@ -131,7 +140,8 @@ def write_shard(
         fates=fates,
     )
     # The note last: its presence is what a re-run takes as proof of a finished shard.
-    _write_atomic(note_path(output, name), json.dumps(note).encode(), attempt)
+    # Not synced: lost or cut short in a crash, it only has its shard written again.
+    _write_atomic(note_path(output, name), json.dumps(note).encode(), attempt, sync=False)
     return note
 
 
@@ -151,6 +161,22 @@ def outcomes(note: dict) -> Iterator[tuple[bytes | None, str]]:
     for position in range(len(digests) // len(NO_DIGEST)):
         digest = digests[position * 32 : position * 32 + 32]
         yield (None if position in missing else digest), fates.get(str(position), KEPT)
+
+
+def hex_digests(note: dict) -> list[str]:
+    """Each record's content sha256 in hex (``"None"`` where it has none), in shard
+    order, from a shard's note: the converter's fingerprint writes them so.
+
+    Example:
+        >>> note = {"digests": base64.b64encode(bytes(64)).decode(), "missing": [1]}
+        >>> [len(shown) for shown in hex_digests(note)]
+        [64, 4]
+    """
+    text = base64.b64decode(note["digests"]).hex()
+    shown = [text[start : start + 64] for start in range(0, len(text), 64)]
+    for position in note["missing"]:
+        shown[position] = "None"
+    return shown
 
 
 def note_path(output: str, name: str) -> str:
@@ -176,7 +202,11 @@ def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | No
     shard = storage.join(output, name)
     if not (storage.exists(note_path(output, name)) and storage.exists(shard)):
         return None
-    info = read_note(output, name)
+    try:
+        info = read_note(output, name)
+    except ValueError:  # cut short by a crash (notes are not synced): the shard is redone
+        log.warning("the note of %s is damaged: writing the shard again", name)
+        return None
     index_path = record_index.index_path(output, record_index.index_name(name))
     # "digests": a note in the form this chute writes (an older one is written again)
     if "index" not in info or "digests" not in info or not storage.exists(index_path):
@@ -206,13 +236,14 @@ def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | No
     return info
 
 
-def _write_atomic(path: str, data: bytes, attempt: str) -> None:
-    """Writes ``data`` under this attempt's temporary name, then renames it to ``path``."""
+def _write_atomic(path: str, data: bytes, attempt: str, *, sync: bool = True) -> None:
+    """Writes ``data`` under this attempt's temporary name, then renames it to ``path``;
+    ``sync``: on disk before the rename, so a crash never leaves the name over partial data."""
     tmp = f"{path}.{attempt}.tmp"
     with storage.open_file(tmp, "wb") as handle:
         handle.write(data)
-        # On disk before the rename: a crash must never leave a complete name over partial data.
-        storage.sync(handle)
+        if sync:
+            storage.sync(handle)
     storage.rename(tmp, path)
 
 
@@ -257,11 +288,22 @@ class ShardWriter:
         self._handle.write(b"")  # GFile creates the file on the first write, even an empty one
         return self
 
-    def write(self, framed: bytes, labels: list[int | records.Target]) -> None:
+    def write(
+        self,
+        framed: bytes,
+        labels: list[int | records.Target],
+        *,
+        lengths: list[int] | None = None,
+    ) -> None:
         """Appends framed records whose labels are ``labels`` (a class each, or a
-        :class:`~chute.format.records.Target`: a multi-label image counts for each label)."""
+        :class:`~chute.format.records.Target`: a multi-label image counts for each label);
+        ``lengths``: each framed record's length, when the caller has them (else read
+        from the frames)."""
         self._handle.write(framed)
-        self._lengths += record_index.frame_lengths(framed)
+        if lengths is None:
+            self._lengths += record_index.frame_lengths(framed)
+        else:
+            self._lengths += [length - records.FRAME_OVERHEAD for length in lengths]
         self._hash.update(framed)
         self._bytes += len(framed)
         self._records += len(labels)
