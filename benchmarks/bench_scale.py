@@ -157,6 +157,26 @@ for shard in range(shards):
 print("RESULT", json.dumps({"records": int(len(y)), "write_s": time.perf_counter() - started}))
 """
 
+MAKE_APPEND = """
+import sys, numpy as np
+source, out, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rng = np.random.default_rng(5)
+x = rng.integers(0, 255, (count, 8, 8, 1), dtype=np.uint8)
+copies = count // 13
+x[:copies] = np.load(source)["x_train"][:copies]  # images the dataset holds already
+np.savez(out, x=x, y=rng.integers(0, 1000, count))
+print("RESULT", {"records": count, "copies": copies}.__repr__().replace("'", '"'))
+"""
+
+APPEND = """
+import sys, json, time, chute
+started = time.perf_counter()
+manifest = chute.convert(sys.argv[1], sys.argv[2], append=True).manifest
+entry = manifest.versions[-1]
+print("RESULT", json.dumps({"append_s": time.perf_counter() - started, "version": manifest.version,
+                            "added": entry["added"], "copies_skipped": entry["copies_skipped"]}))
+"""
+
 LOAD_INDEX = """
 import sys, json, os, time
 started = time.perf_counter()
@@ -418,8 +438,17 @@ def run_imagenet(
         if out != data:
             shutil.rmtree(out)
     results["convert"], results["bare_writer"] = results["convert_rounds"][0], bare
+    # An append of 1% more images (a thirteenth of them copies) to a copy of the dataset.
+    added, grown = work / "added.npz", work / "imagenet-grown"
+    results["append_source"] = _child(MAKE_APPEND, str(source), str(added),
+                                      str(max(13, round(12811 * scale))))  # fmt: skip
+    shutil.copytree(data, grown)
+    results["append"] = _child(APPEND, str(added), str(grown))
+    shutil.rmtree(grown)
+    print(f"  append: {json.dumps(results['append'])}", flush=True)
     results["bytes"] = {"manifest": (data / "manifest.json").stat().st_size,
                         "indexes": _folder_bytes(data / "index"),
+                        "hashes": _folder_bytes(data / "hashes"),
                         "shards": _folder_bytes(data, ".tfrecord")}  # fmt: skip
     results["load_index"] = _child(LOAD_INDEX, str(data))
     results["verify"] = _child(VERIFY, str(data))

@@ -328,9 +328,9 @@ def test_log_lines_go_above_the_progress_bars_not_into_them(folder, tmp_path):
 
 
 def test_an_unknown_flag_is_not_blamed_on_beam(folder, tmp_path):
-    done = run_here("convert", folder, tmp_path / "out", "--append")
+    done = run_here("convert", folder, tmp_path / "out", "--appendix")
     assert done.returncode == 2
-    assert "unrecognized arguments: --append" in done.stderr
+    assert "unrecognized arguments: --appendix" in done.stderr
     assert "Beam" not in done.stderr and not (tmp_path / "out").exists()
     beam = run_here("convert", folder, tmp_path / "out", "--temp_location=gs://b/tmp")
     assert "(Beam pipeline options need --runner)" in beam.stderr

@@ -122,6 +122,12 @@ def _add_convert(commands) -> None:
         help="replace an existing conversion made with other options",
     )
     convert.add_argument(
+        "--append",
+        action="store_true",
+        help="add SRC's images to the dataset in OUT as its next version: new shards only, "
+        "OUT's options and classes kept, copies of its images skipped",
+    )
+    convert.add_argument(
         "--allow-outside",
         action="store_true",
         help="let a CSV/JSONL list name files outside its folder",
@@ -413,14 +419,13 @@ def _convert(args: argparse.Namespace) -> int:
             progress=bars,
             runner=args.runner,
             pipeline_args=args.pipeline_args if args.runner else None,
+            append=args.append,
             **_given(args, ConvertOptions),
         )
     manifest = result.manifest
     if result.already_done:
-        print(
-            f"{_shown(args.output)} already holds this conversion (same source and options): "
-            "nothing to do."
-        )
+        held = "these images" if args.append else "this conversion (same source and options)"
+        print(f"{_shown(args.output)} already holds {held}: nothing to do.")
         return 0
     total = sum(result.num_written.values())
     rate = total / result.seconds if result.seconds else 0.0
@@ -437,6 +442,13 @@ def _convert(args: argparse.Namespace) -> int:
         )
     if result.resumed_shards:
         print(f"  resumed: {result.resumed_shards} shard(s) kept from the interrupted run")
+    if args.append:
+        entry = manifest.versions[-1]
+        added = ", ".join(f"{name} +{count}" for name, count in entry["added"].items())
+        print(
+            f"  version {manifest.version}: {added or 'no image'}; "
+            f"{entry['copies_skipped']} cop(ies) of images it held skipped"
+        )
     print(
         f"  rejected {result.num_rejected} input(s) (listed in {_shown(args.output)}/rejects.csv); "
         f"{len(manifest.duplicates)} duplicate group(s)"

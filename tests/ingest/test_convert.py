@@ -141,6 +141,7 @@ def test_shard_file_names_carry_split_index_and_count(tmp_path):
     assert {p.name for p in out.glob("*.tfrecord")} == expected
     assert {p.name for p in out.iterdir()} == expected | {
         "index",  # the record indexes, out of the shards' globs
+        "hashes",  # the images' content hashes, for an append's copies
         "manifest.json",
         "rejects.csv",
         "source-files.csv",
@@ -148,6 +149,8 @@ def test_shard_file_names_carry_split_index_and_count(tmp_path):
     assert {p.name for p in (out / "index").iterdir()} == {
         f[: -len(".tfrecord")] + ".index" for f in expected
     }
+    assert [p.name for p in (out / "hashes").iterdir()] == ["v0001.sha256"]
+    assert (out / "hashes" / "v0001.sha256").stat().st_size == 32 * 36
 
 
 # -- the split ------------------------------------------------------------------------------

@@ -237,6 +237,10 @@ class TrainConfig:
     seed: int = option(
         1337, "seeds Keras, the data order and augmentation, whichever --engine reads"
     )
+    dataset_version: int | None = option(
+        None, "train on this version of the dataset (chute inspect lists them; default: the "
+        "latest)", type=int, metavar="N",
+    )  # fmt: skip
     # a frozen LoadOptions: one default instance is safely shared
     load: LoadOptions = option(LoadOptions(), "how the data are read ([load])", flag=False)  # noqa: RUF009
 
@@ -322,6 +326,8 @@ class TrainConfig:
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 10:
                 raise checks.bad_value("fine_tune_learning_rate", rate, "a number between 0 and 10")
         checks.int_in("seed", self.seed, 0, what="a non-negative integer")
+        if self.dataset_version is not None:
+            checks.positive_int("dataset_version", self.dataset_version)
         if self.data_service is not None:
             from chute.read.options import check_address
 

@@ -155,6 +155,12 @@ def _differences(run: RunDir, started: dict[str, Any]) -> dict[str, str]:
 def _said(key: str, then: Any, now: Any) -> str:
     """One difference in words; the dataset's (``data``: per split, its examples, shards
     and fingerprint, see :meth:`chute.format.splits.Split.fingerprint`) split by split."""
+    if key == "dataset_version":
+        return (
+            f"the dataset is at version {now}, the run started on version {then} "
+            f"(--dataset-version {then} resumes it there; to train on version {now}, start "
+            "another run, or pass --overwrite)"
+        )
     if key != "data" or not (isinstance(then, dict) and isinstance(now, dict)):
         return f"{key}: {then!r} then, {now!r} now"
     said = []

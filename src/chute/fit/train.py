@@ -162,7 +162,7 @@ def train(
     config = dataclasses.replace(config, model=recipe_lib.default_model(config))
     models.check_model(config.model, config.weights)  # before anything heavy
     _check_run_dir(os.fspath(run_dir), config)
-    manifest = _training_data(data)
+    manifest = _training_data(data, config.dataset_version)
     config, recipe = recipe_lib.choose(
         config,
         examples=manifest.num_examples("train"),
@@ -225,6 +225,8 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
         "input_size": list(config.image_size) if config.image_size else stored,
         "channels": manifest.image.channels,
         "class_names": list(manifest.class_names),
+        # Which version of the dataset: an append makes another (chute convert --append).
+        "dataset_version": manifest.version,
         # The data: a backup's position is in an order of these records (a dataset
         # converted again, even with the same classes, is other data).
         "data": {
@@ -276,8 +278,11 @@ def _check_run_dir(run_dir: str, config: TrainConfig) -> None:
         )
 
 
-def _training_data(data: Any) -> manifest_lib.Manifest:
+def _training_data(data: Any, version: int | None = None) -> manifest_lib.Manifest:
+    """The dataset to train on, as it was at ``version`` (None: the latest)."""
     manifest = manifest_lib.load(data)
+    if version is not None:
+        manifest = manifest.at_version(version)
     # Caught here rather than by an empty dataset deep inside Keras's fit.
     if manifest.num_examples("train") == 0:
         raise ChuteError(f"{manifest.location} has no train split to train on")

@@ -84,6 +84,9 @@ class Manifest:
     # class counts count the images carrying each label (they add up to more than the images)
     label_mode: str = "single"
     weighted: bool = False  # each record has a ``weight`` feature
+    # The dataset's history once something was appended (``chute convert --append``): an
+    # entry a version, oldest first (see :meth:`version`); empty for a dataset converted once.
+    versions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     location: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -115,6 +118,40 @@ class Manifest:
         found = self.splits.get(split)
         return found.examples if found is not None else 0
 
+    @property
+    def version(self) -> int:
+        """The dataset's version: 1, plus one for each ``chute convert --append``."""
+        return len(self.versions) or 1
+
+    def at_version(self, version: int) -> Manifest:
+        """The dataset as it was at ``version``: the shards and classes it held then (its
+        classes are a prefix of today's; an append never renumbers a class).
+
+        Raises:
+            ChuteError: ``version`` is not one of the dataset's versions.
+
+        Example:
+            >>> load("flowers").at_version(1).num_examples("train")  # doctest: +SKIP
+            2936
+        """
+        checks.int_in("version", version, 1, self.version, f"a version from 1 to {self.version}")
+        if version == self.version:
+            return self
+        entry = self.versions[version - 1]
+        classes = self.class_names[: entry["num_classes"]]
+        splits = {}
+        for name, split in self.splits.items():
+            shards = [shard for shard in split.shards if shard.version <= version]
+            if shards:
+                splits[name] = Split.of(shards, len(classes))
+        return dataclasses.replace(
+            self,
+            class_names=classes,
+            splits=splits,
+            versions=self.versions[:version],
+            rejects=[r for r in self.rejects if r.get("version", 1) <= version],
+        )
+
     def check_split(self, split: str) -> str:
         """``split`` if this dataset has it, else a ChuteError naming the splits it has."""
         return checks.one_of("split", split, self.splits)
@@ -144,6 +181,8 @@ class Manifest:
             if field.name == "location":  # where it was read from, not what it says
                 continue
             if plain and field.name in ("label_mode", "weighted"):
+                continue
+            if field.name == "versions" and not self.versions:  # as before versions
                 continue
             body[field.name] = getattr(self, field.name)
         body["image"] = self.image.to_dict()
@@ -256,6 +295,12 @@ def check_structure(body: dict[str, Any], where: str) -> dict[str, Split]:
     warnings = body.get("warnings", [])
     if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
         raise bad(where, "warnings", warnings, "a list of texts")
+    versions = body.get("versions", [])
+    if not _objects(versions, {"version": int, "num_classes": int, "added": dict}) or [
+        entry["version"] for entry in versions
+    ] != list(range(1, len(versions) + 1)):
+        allowed = "a list of {'version': 1, 2, ..., 'num_classes': ..., 'added': {...}} objects"
+        raise bad(where, "versions", versions, allowed)
     if not isinstance(body.get("created_by", ""), str):
         raise bad(where, "created_by", body["created_by"], "a text")
     return parsed

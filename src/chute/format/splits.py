@@ -106,6 +106,7 @@ class Shard(_Stored):
     class_counts: tuple[tuple[int, int], ...]
     index: IndexEntry | None = None
     listed: bool = dataclasses.field(default=False, compare=False, repr=False)
+    version: int = 1  # the dataset version that added it (``chute convert --append``)
 
     @classmethod
     def from_dict(cls, stored: Any, where: str = "the shard's entry") -> Shard:
@@ -139,6 +140,8 @@ class Shard(_Stored):
         }
         if self.index is not None:
             out["index"] = self.index.to_dict()
+        if self.version != 1:  # the first version's shards say nothing: as before versions
+            out["version"] = self.version
         return out
 
 
@@ -286,7 +289,10 @@ def parse_shard(shard: Any, where: str, field: str, names: list[str] | None) -> 
         index = IndexEntry(
             check_shard_file(index.get("file"), f"{field}.index.file", where), index_digest
         )
-    return Shard(name, records, size, digest, pairs, index, listed)
+    version = shard.get("version", 1)
+    if not checks.is_int(version) or version < 1:
+        raise bad(where, f"{field}.version", version, "a dataset version (an integer >= 1)")
+    return Shard(name, records, size, digest, pairs, index, listed, int(version))
 
 
 def count(where: str, field: str, value: Any) -> int:

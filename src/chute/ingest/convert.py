@@ -38,10 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 from chute import collector
 from chute.errors import ChuteError
+from chute.format import contents, records, storage
+from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
-from chute.format import records, storage
 from chute.format.spec import ImageSpec
 from chute.image.header import Probe
+from chute.ingest import append as appending
 from chute.ingest import layout, lock, resume, sources, writer
 from chute.ingest import workers as worker_pool
 from chute.ingest.decode import probe_chunk
@@ -105,6 +107,7 @@ def convert(
     progress: ProgressFn | None = None,
     runner: str | None = None,
     pipeline_args: Sequence[str] | Any = None,
+    append: bool = False,
     **option_values: Any,
 ) -> ConvertResult:
     """Converts an image-classification dataset into sharded TFRecords and a manifest.
@@ -133,6 +136,9 @@ def convert(
         pipeline_args: Beam pipeline options, as command-line flags
             (``["--project=my-project", "--region=us-central1",
             "--temp_location=gs://my-bucket/tmp"]``) or a Beam ``PipelineOptions``.
+        append: add the source's images to the dataset ``output`` holds, as its next
+            version (:mod:`chute.ingest.append`): new shards only, the dataset's
+            options, its classes first, copies of its images skipped and counted.
 
     Returns:
         A :class:`ConvertResult` with the manifest.
@@ -151,6 +157,9 @@ def convert(
         ...         "--requirements_file=requirements.txt"])  # doctest: +SKIP
     """
     started = time.perf_counter()
+    if append:
+        return _append(source, output, options, option_values, workers, overwrite, runner,
+                       allow_outside, progress)  # fmt: skip
     options = _options(options, option_values)
     workers = worker_pool.check_workers(workers)
     beam = _beam_job(runner, pipeline_args)  # checked (and Beam imported) before any work
@@ -196,6 +205,84 @@ def convert(
     return ConvertResult(
         manifest, output, resumed_shards=written.resumed, seconds=time.perf_counter() - started
     )
+
+
+def _append(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    options: ConvertOptions | None,
+    option_values: dict[str, Any],
+    workers: int | None,
+    overwrite: bool,
+    runner: str | None,
+    allow_outside: bool,
+    progress: ProgressFn | None,
+) -> ConvertResult:
+    """:func:`convert` with ``append``: the source's images as the dataset's next version."""
+    started = time.perf_counter()
+    if overwrite:
+        raise ChuteError(
+            "`append` adds to the dataset in `output` and `overwrite` replaces it: pass one "
+            "of them. Received: append=True, overwrite=True"
+        )
+    if runner is not None:
+        raise ChuteError(
+            f"`append` runs on this machine's worker processes. Received: runner={runner!r}; "
+            "leave it out"
+        )
+    if options is not None:
+        raise ChuteError(
+            "`append` takes option keywords (those given must match the dataset's), not "
+            "`options`: the dataset's own are used"
+        )
+    workers = worker_pool.check_workers(workers)
+    source = storage.check_location(source, "source")
+    output = storage.check_location(output, "output").rstrip("/") or "/"
+    _check_not_inside(source, output)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(collector.paused())
+        stack.enter_context(_terminated_as_exit())
+        # Locked before the manifest is read: no other conversion or append changes it now.
+        stack.enter_context(lock.locked(output))
+        base = appending.base_of(output)
+        options = appending.options_for(base, option_values)
+        lock.remove_stale_scratch(output)
+        found = stack.enter_context(_scan(source, output, options, allow_outside, progress))
+        # The fractions carve only the splits the new source lacks.
+        carve = {item.split for item in found.items if item.split}
+        options = dataclasses.replace(
+            options,
+            val_fraction=0.0 if "val" in carve else options.val_fraction,
+            test_fraction=0.0 if "test" in carve else options.test_fraction,
+        )
+        added = appending.relabel(found, base)
+        files = found.listing()
+        identity = sources.source_identity(source)
+        done = appending.already(base, identity, files)
+        if done is None and _same_as_first(base, identity, output, files):
+            done = 1
+        if done is not None:
+            log.info("%s already holds %s (version %d): nothing to append", output, source, done)
+            return ConvertResult(base, output, already_done=True)
+        processes = workers if len(found.items) > ENCODE_CHUNK else 1
+        pool = stack.enter_context(worker_pool.start_pool(processes, on_crash=_crashed))
+        first_new = len(base.class_names)
+        plan = _plan(source, found, options, output, pool, progress, base=base,
+                     needs_training=range(first_new, first_new + len(added)))  # fmt: skip
+        written = _write(plan, files, _LocalWorkers(pool), progress)
+        manifest = _finish(plan, written, files)
+    return ConvertResult(
+        manifest, output, resumed_shards=written.resumed, seconds=time.perf_counter() - started
+    )
+
+
+def _same_as_first(
+    base: manifest_lib.Manifest, identity: str, output: str, files: list[tuple[str, int, int]]
+) -> bool:
+    """Whether the source is the one the dataset was converted from, unchanged."""
+    if base.source.get("location") != storage.redact(identity):
+        return False
+    return resume.changes_since(output, files) == []
 
 
 @contextlib.contextmanager
@@ -383,6 +470,12 @@ class _Plan:
     shards: list[layout.Shard]  # every shard, in plan order (train first)
     rejects: list[dict]  # inputs refused while scanning or from their header: in no shard
     chunk: int = ENCODE_CHUNK  # items per worker task
+    base: manifest_lib.Manifest | None = None  # the dataset an append adds to
+
+    @property
+    def version(self) -> int:
+        """The dataset version this conversion writes."""
+        return 1 if self.base is None else self.base.version + 1
 
 
 def _plan(
@@ -392,17 +485,22 @@ def _plan(
     output: str,
     pool,
     progress: ProgressFn | None,
+    *,
+    base: manifest_lib.Manifest | None = None,
+    needs_training: range | None = None,
 ) -> _Plan:
     """The image spec, every shard with its items, and the inputs rejected from their header.
 
     Headers are read first only when an option is left to them; files are
-    otherwise read once, when they are encoded (and hashed, for duplicates).
+    otherwise read once, when they are encoded (and hashed, for duplicates). An
+    append (``base``) stores its images as the dataset does; ``needs_training``: the
+    classes that must get a training image (default: all).
     """
     everything = range(len(found.items))
     probes = None
-    if layout.needs_headers(options):
+    if base is None and layout.needs_headers(options):
         probes = _probe(found, everything, options, pool, progress)
-    spec = layout.image_spec(options, probes)
+    spec = base.image if base is not None else layout.image_spec(options, probes)
     rejects = list(found.rejects)  # refused while scanning (a list naming a file again, ...)
     rejects += [
         {"key": found.items[i].key, "reason": p.reject}
@@ -417,6 +515,7 @@ def _plan(
             val_fraction=options.val_fraction,
             test_fraction=options.test_fraction,
             seed=options.seed,
+            needs_training=needs_training,
         )
     except NoTrainingImages as error:
         raise _why_no_images(error.classes, found, rejects, output) from None
@@ -424,10 +523,12 @@ def _plan(
         step = max(1, len(found.items) // _SIZE_SAMPLE)  # enough to estimate shard sizes
         # A sample only: the records' size is estimated, every file is read in full later anyway.
         probes = _probe(found, everything[::step], options, pool, None)
-    shards = layout.plan_shards(split.indices, layout.bytes_per_record(spec, probes or []), options)
+    version = 1 if base is None else base.version + 1
+    size = layout.bytes_per_record(spec, probes or [])
+    shards = layout.plan_shards(split.indices, size, options, version)
     identity = sources.source_identity(source)
     chunk = _chunk_size(found)
-    return _Plan(identity, found, options, output, spec, shards, rejects, chunk)
+    return _Plan(identity, found, options, output, spec, shards, rejects, chunk, base)
 
 
 def _chunk_size(found: sources.Source) -> int:
@@ -496,12 +597,12 @@ class _Tally:
     entries, the rejects, the LeakGuard (for its duplicates report) and the source
     fingerprint, a running sha256 over (key, label, split, content hash)."""
 
-    def __init__(self, found: sources.Source, resumed: int):
+    def __init__(self, found: sources.Source, resumed: int, known: Any = None):
         self.found = found
         self.resumed = resumed  # shards kept from an earlier run
         self.infos: dict[str, dict] = {}  # shard name -> manifest entry (plus its split)
         self.rejects: list[dict] = []
-        self.guard = LeakGuard()
+        self.guard = LeakGuard(known)
         self.fingerprint = hashlib.sha256()
 
     def add(self, shard: layout.Shard, note: dict, *, replay: bool) -> None:
@@ -539,7 +640,18 @@ def _write(
     fingerprint and rejects without reading those images again.
     """
     notes = _start_writing(plan, files, check_sha256=backend.check_sha256)
-    tally = _Tally(plan.found, resumed=sum(note is not None for note in notes.values()))
+    known = None
+    if plan.base is not None:  # the images the dataset holds: their copies are skipped
+        known, missing = contents.known(plan.output, plan.base.version)
+        if missing:
+            log.warning(
+                "version(s) %s of %s have no content hashes (converted by an older chute): "
+                "copies of their images are not found",
+                missing,
+                plan.output,
+            )
+    tally = _Tally(plan.found, resumed=sum(note is not None for note in notes.values()),
+                   known=known)  # fmt: skip
     total, finished = sum(len(shard.indices) for shard in plan.shards), 0
     for shard, note, replay in backend.write(plan, notes, tally.guard):
         tally.add(shard, note, replay=replay)
@@ -564,9 +676,13 @@ def _start_writing(
         "layout": _layout_digest(plan),
         "spec": plan.spec.to_dict(),
     }
+    kept = set()
+    if plan.base is not None:
+        stamp["append"] = plan.version  # the version an interrupted append was writing
+        kept = {shard.name for split in plan.base.splits.values() for shard in split.shards}
     resume.start_work(plan.output, stamp)
     # A finished folder holds only its own shards, not those of an interrupted other plan.
-    resume.remove_orphans(plan.output, {shard.name for shard in plan.shards})
+    resume.remove_orphans(plan.output, kept | {shard.name for shard in plan.shards})
     changed = resume.changed_since_start(plan.output, files)
     # a listing of containers (archives, Parquet files) names no item: any change is all
     everything = bool(changed) and bool(changed - {item.key for item in items})
@@ -700,9 +816,28 @@ def _finish(
     """Writes ``rejects.csv``, the source listing and, last, the manifest; removes the
     work folder."""
     manifest = _manifest(plan, written)
+    if plan.base is not None:
+        for name in appending.empty_shards(manifest):
+            storage.remove_if_exists(storage.join(plan.output, name))
+            index = record_index.index_path(plan.output, record_index.index_name(name))
+            storage.remove_if_exists(index)
+        manifest = appending.merged(
+            plan.base, manifest, copies=written.guard.known_copies, files=files
+        )
+        # Warned of over the whole dataset: a new class whose every image was refused.
+        said = set(manifest.warnings)
+        manifest.warnings += [
+            warning
+            for warning in _warnings(manifest.class_names, manifest.splits)
+            if warning not in said
+        ]
+        log.info("append: version %d, %d cop(ies) of the dataset's images skipped",
+                 plan.version, written.guard.known_copies)  # fmt: skip
     lock.check_held(plan.output)
+    contents.write(plan.output, plan.version, [written.guard.kept()])
     resume.write_rejects(plan.output, manifest.rejects)
-    resume.write_listing(plan.output, files)
+    if plan.base is None:  # what a re-run of the first conversion compares with
+        resume.write_listing(plan.output, files)
     manifest.save(plan.output)  # last: its presence means the conversion is complete
     resume.remove_work_dir(plan.output)
     log.info(
@@ -738,7 +873,10 @@ def _manifest(plan: _Plan, written: _Tally) -> manifest_lib.Manifest:
         },
         rejects=sorted(plan.rejects + written.rejects, key=lambda r: r["key"]),
         duplicates=written.guard.report(lambda index: _described(found.items[index])),
-        warnings=_warnings(found.class_names, splits)
+        # An append's classes have their images in the dataset's shards: warned of there.
+        warnings=[]
+        if plan.base is not None
+        else _warnings(found.class_names, splits)
         + _without_val(found.class_names, splits, plan.options),
         created_by=f"chute {__version__}",
         label_mode="multi" if found.multi_label else "single",

@@ -29,7 +29,8 @@ RAW_AUTO_MAX_PIXELS = 128 * 128  # up to here raw pixels are barely larger than 
 DEFAULT_MIN_SHARDS = 16
 MIN_RECORDS_PER_SHARD = 64  # below this, more files only add open/seek overhead
 EVALUATION_SHARD_SHARE = 4  # val/test shards keep >= 1/4 of a train shard's records
-SHARD_NAME = re.compile(r"^(train|val|test)-(\d{5})-of-(\d{5})\.tfrecord$")
+# train-00003-of-00016.tfrecord; an append's shards name their version: train-v0002-00000-of-00004
+SHARD_NAME = re.compile(r"^(train|val|test)(?:-v(\d{4}))?-(\d{5})-of-(\d{5})\.tfrecord$")
 
 
 def needs_headers(options: ConvertOptions) -> bool:
@@ -125,14 +126,16 @@ def bytes_per_record(spec: ImageSpec, probes: list[Probe]) -> float:
     return total / max(1, len(usable)) + overhead
 
 
-def shard_name(split: str, index: int, count: int) -> str:
-    """``train-00003-of-00016.tfrecord``: split, index and count in the name.
+def shard_name(split: str, index: int, count: int, version: int = 1) -> str:
+    """``train-00003-of-00016.tfrecord``: split, index and count in the name; the
+    dataset version that adds it too, from version 2 on (``chute convert --append``).
 
     Example:
-        >>> shard_name("val", 0, 4)
-        'val-00000-of-00004.tfrecord'
+        >>> shard_name("val", 0, 4), shard_name("train", 1, 2, version=3)
+        ('val-00000-of-00004.tfrecord', 'train-v0003-00001-of-00002.tfrecord')
     """
-    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+    added = f"-v{version:04d}" if version > 1 else ""
+    return f"{split}{added}-{index:05d}-of-{count:05d}.tfrecord"
 
 
 def shard_runs(
@@ -208,7 +211,10 @@ class Shard:
 
 
 def plan_shards(
-    splits: dict[str, list[int]], bytes_per_record: float, options: ConvertOptions
+    splits: dict[str, list[int]],
+    bytes_per_record: float,
+    options: ConvertOptions,
+    version: int = 1,
 ) -> list[Shard]:
     """Every shard of every split, train first (the order the LeakGuard needs); val
     and test shards keep :func:`evaluation_min_records` of the train split's."""
@@ -227,5 +233,6 @@ def plan_shards(
             # Train first (its order in splits): val and test then know a train shard's size.
             min_records = evaluation_min_records(len(indices) // len(runs))
         for number, (start, stop) in enumerate(runs):
-            planned.append(Shard(split, shard_name(split, number, len(runs)), indices[start:stop]))
+            name = shard_name(split, number, len(runs), version)
+            planned.append(Shard(split, name, indices[start:stop]))
     return planned

@@ -30,9 +30,9 @@ import logging
 from typing import Any
 
 from chute.errors import ChuteError
+from chute.format import contents, storage
 from chute.format import index as record_index
 from chute.format import manifest as manifest_lib
-from chute.format import storage
 from chute.ingest.layout import SHARD_NAME
 from chute.ingest.lock import LOCK_NAME
 from chute.ingest.options import ConvertOptions
@@ -248,6 +248,14 @@ def _read_listing(path: str) -> dict[str, tuple[int, int]] | None:
     }
 
 
+def changes_since(output: str, rows: list[ListingRow]) -> list[str] | None:
+    """What differs between the source's files now (``rows``) and when ``output`` was
+    converted; None when the conversion kept no listing (made by an older chute)."""
+    if not storage.exists(storage.join(output, SOURCE_FILES)):
+        return None
+    return _changes(output, rows)
+
+
 def _changes(output: str, rows: list[ListingRow]) -> list[str]:
     """What differs between the source's files now and when ``output`` was converted;
     nothing known, for conversions made before the listing was kept."""
@@ -292,7 +300,14 @@ def _outputs(output: str) -> list[str]:
         for name in storage.listdir(output)
         if _is_shard(name)
         or name
-        in (manifest_lib.MANIFEST_NAME, REJECTS_NAME, SOURCE_FILES, WORK_DIR, record_index.FOLDER)
+        in (
+            manifest_lib.MANIFEST_NAME,
+            REJECTS_NAME,
+            SOURCE_FILES,
+            WORK_DIR,
+            record_index.FOLDER,
+            contents.FOLDER,
+        )
     ]
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -87,12 +87,16 @@ def split_items(
     val_fraction: float,
     test_fraction: float,
     seed: int,
+    needs_training: Collection[int] | None = None,
 ) -> Split:
     """Assigns usable items to splits.
 
     Items that carry a split (a pre-split source) keep it; fractions carve
     the splits the source lacks out of its train split: per class for
     single-label items, by iterative stratification when items carry ``labels``.
+
+    ``needs_training``: the classes that must get a training image (default: every
+    class; an append: only the classes it adds, the others have theirs already).
 
     Raises:
         ChuteError: a fraction is asked for a split the source already has, or
@@ -124,6 +128,8 @@ def split_items(
         _carve_per_class(items, pool, by_split, class_names, val_fraction, test_fraction, seed)
         wanted = set(range(len(class_names)))
         present = {items[i].label for i in by_split["train"]}
+    if needs_training is not None:
+        wanted = set(wanted) & set(needs_training)
     missing = sorted({class_names[c] for c in wanted} - {class_names[c] for c in present})
     if missing:
         raise NoTrainingImages(missing)
@@ -223,7 +229,10 @@ class LeakGuard:
         ['a/2.png']
     """
 
-    def __init__(self) -> None:
+    def __init__(self, known: np.ndarray | None = None) -> None:
+        # Content the dataset holds already (an append): every copy of it is refused.
+        self._known = np.empty(0, "S32") if known is None else known  # sorted
+        self.known_copies = 0  # records refused as copies of ``known`` content
         self._digests = bytearray()  # 32 bytes a record, in admission order
         self._ranks = bytearray()  # the split's rank, a byte a record
         self._refs = array.array("q")  # the caller's name for each record
@@ -243,11 +252,11 @@ class LeakGuard:
             # Everything admitted so far is of a higher split than this one and what follows.
             self._above = np.sort(np.frombuffer(bytes(self._digests), "S32"))
             self._rank = rank
-        keep = True
-        if len(self._above):
-            at = int(np.searchsorted(self._above, digest))
-            # NumPy's fixed-width bytes drop trailing NULs: compared without them
-            keep = not (at < len(self._above) and self._above[at] == digest.rstrip(b"\0"))
+        keep = not _holds(self._known, digest)
+        if not keep:
+            self.known_copies += 1
+        elif len(self._above):
+            keep = not _holds(self._above, digest)
         if not keep:
             self._dropped.append(len(self._ranks))
         self._digests += digest
@@ -268,7 +277,7 @@ class LeakGuard:
             ([True, True], False)
         """
         rank = _RANK[split]
-        if rank or len(self._above) or None in digests:  # anything to weigh: one by one
+        if rank or len(self._above) or len(self._known) or None in digests:  # one by one
             return [
                 True if digest is None else self.admit(digest, split, ref)
                 for digest, ref in zip(digests, refs, strict=True)
@@ -281,6 +290,16 @@ class LeakGuard:
         self._ranks += bytes(len(digests))  # rank 0
         self._refs.extend(refs)
         return [True] * len(digests)
+
+    def kept(self) -> bytes:
+        """The digests of every record admitted and not refused, 32 bytes each, in
+        admission order (what :func:`chute.format.contents.write` keeps)."""
+        if not self._dropped:
+            return bytes(self._digests)
+        rows = np.frombuffer(bytes(self._digests), "V32")
+        keep = np.ones(len(rows), bool)
+        keep[self._dropped] = False
+        return rows[keep].tobytes()
 
     def report(self, describe: Callable[[int], tuple[str, Label]]) -> list[dict]:
         """Each group of identical images: keys, splits, labels, and copies dropped;
@@ -324,6 +343,15 @@ class LeakGuard:
                 }
             )
         return sorted(report, key=lambda group: group["keys"][0])
+
+
+def _holds(digests: np.ndarray, digest: bytes) -> bool:
+    """Whether sorted ``S32`` values hold ``digest``."""
+    if not len(digests):
+        return False
+    at = int(np.searchsorted(digests, digest))
+    # NumPy's fixed-width bytes drop trailing NULs: compared without them.
+    return at < len(digests) and digests[at] == digest.rstrip(b"\0")
 
 
 def _hashable(label: Label | list[int]) -> Label:

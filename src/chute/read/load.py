@@ -47,6 +47,7 @@ def load(
     *,
     input_context: Any = None,
     strategy: Any = None,
+    version: int | None = None,
     **overrides: Any,
 ):
     """Reads a converted split as batches of ``(images, labels)`` with static shapes.
@@ -64,6 +65,8 @@ def load(
             ``keras.distribution.DataParallel`` (JAX, what ``chute.auto_strategy()``
             gives there): batches of ``batch_size`` per device for this process's
             devices, which Keras's ``fit`` lays out over them.
+        version: read the dataset as it was at this version (``chute convert --append``
+            adds one; ``chute inspect`` lists them); default: the latest.
         **overrides: ``LoadOptions`` fields replacing those of ``options``
             (``batch_size=256``, ``augment="crop,flip"``, ``cache=None``, ...).
 
@@ -91,6 +94,8 @@ def load(
     """
     options = resolve(options, overrides)  # every value checked before any work
     manifest = manifest_lib.load(path)
+    if version is not None:
+        manifest = manifest.at_version(version)
     _check_engine_reaches(manifest.location, options)
     engine = engine_named(options.engine)
     if _keras_distribution(strategy):

@@ -13,6 +13,7 @@ import statistics
 
 from chute.format import manifest as manifest_lib
 from chute.format import storage
+from chute.ingest import append as appending
 from chute.tools import labels as label_lib
 
 _LIST_CLASSES_UP_TO = 20
@@ -64,6 +65,9 @@ def inspect(path: str | os.PathLike | manifest_lib.Manifest, *, max_rejects: int
             f"{f'{min(sizes):.2f}-{max(sizes):.2f}':>19} "
             f"{f'{min(counts)}/{statistics.median(counts):g}/{max(counts)}':>27}"
         )
+    lines.append("")
+    lines.append(f"versions: {manifest.version} (chute.load(..., version=N) reads an earlier one)")
+    lines += [f"  {line}" for line in appending.describe(manifest)]
     lines.append("")
     lines.append("imbalance (largest / smallest class):")
     lines += [f"  {imbalance(manifest, name)}" for name in manifest.splits]
