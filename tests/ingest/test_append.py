@@ -5,7 +5,12 @@ stratified placement; resumable after kills; locked; versions read back as they 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -230,3 +235,61 @@ def test_an_append_into_a_bucket(s3_endpoint, tmp_path):
     assert all(storage.read_bytes(f"{out}/{name}") == data for name, data in old.items())
     assert chute.load_manifest(out).at_version(1).splits == first.manifest.splits
     assert storage.exists(contents.path(out, 2)) and chute.verify(out).ok
+
+
+def _append_cmd(src: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "chute", "convert", str(src), str(out), "--append",
+            "--workers", "1", "--min-shards", "12", "--no-progress"]  # fmt: skip
+
+
+def _notes(out: Path) -> int:
+    return len(list((out / resume.WORK_DIR).glob("*.tfrecord.json")))
+
+
+def _kill_after(src: Path, out: Path, notes: int, deadline_s: float = 120) -> int:
+    """Starts the CLI's append and kill -9s it once more than ``notes`` shards are done;
+    returns how many were (0: it finished first)."""
+    proc = subprocess.Popen(_append_cmd(src, out), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            done = _notes(out)
+            if done > notes:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                return 0 if chute.load_manifest(out).version == 2 else done
+            if proc.poll() is not None:
+                return 0
+            time.sleep(0.002)
+        pytest.fail(f"no shard was finished within {deadline_s} s: {_append_cmd(src, out)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return 0  # unreachable
+
+
+@pytest.mark.slow  # appends in processes, two of them killed with SIGKILL
+def test_an_append_killed_with_sigkill_twice_resumes_to_the_same_bytes(dataset, tmp_path):
+    new = make_folder(tmp_path / "many", {"dog": 600, "eel": 600}, size=(8, 8), seed=2)
+    before = tree_bytes(dataset)
+    first = _kill_after(new, dataset, 0)
+    second = _kill_after(new, dataset, first) if first else 0
+    if not (first and second and second < 12):
+        pytest.skip("the append finished before it could be killed twice")
+    # Between the kills a reader saw version 1 whole: its manifest and shards as they were.
+    assert chute.load_manifest(dataset).version == 1
+    assert all(tree_bytes(dataset)[name] == data for name, data in before.items()
+               if name.endswith((".tfrecord", ".index", ".json")))  # fmt: skip
+    rerun = subprocess.run(_append_cmd(new, dataset), capture_output=True, text=True,
+                           timeout=240)  # fmt: skip
+    assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr
+    assert "resumed:" in rerun.stdout and "version 2:" in rerun.stdout, rerun.stdout
+    reference = tmp_path / "reference"
+    chute.convert(tmp_path / "v1", reference, workers=1, val_fraction=0.2)
+    chute.convert(new, reference, append=True, workers=1, min_shards=12)
+    assert _stored(dataset) == _stored(reference)
+    written = _without_times(json.loads((dataset / "manifest.json").read_text()))
+    assert written == _without_times(json.loads((reference / "manifest.json").read_text()))
+    assert chute.verify(dataset).ok
