@@ -320,3 +320,39 @@ def write_multi_label_list(root: Path, count: int = 120, *, seed: int = 0) -> Pa
         rows.append(f"img/{i:03d}.png,{names},{1 + i % 3}.0")
     (root / "list.csv").write_text("\n".join(rows) + "\n")
     return root / "list.csv"
+
+
+def kill_after(
+    command: list[str],
+    notes: Callable[[], int],
+    finished: Callable[[], bool],
+    seen: int,
+    deadline_s: float = 120,
+    poll_s: float = 0.002,
+) -> int:
+    """Starts ``command`` (a conversion's CLI) and kill -9s it once ``notes()`` (its
+    finished shards) exceeds ``seen``; returns how many were done, 0 when it finished
+    (``finished()``) before it could be killed."""
+    import signal
+    import time
+
+    import pytest
+
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            done = notes()
+            if done > seen:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                return 0 if finished() else done
+            if proc.poll() is not None:
+                return 0
+            time.sleep(poll_s)
+        pytest.fail(f"no shard was finished within {deadline_s} s: {command}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return 0  # unreachable

@@ -428,6 +428,10 @@ def _convert(args: argparse.Namespace) -> int:
         print(f"{_shown(args.output)} already holds {held}: nothing to do.")
         return 0
     total = sum(result.num_written.values())
+    if args.append:  # this run's images, not the dataset's
+        total = (
+            sum(manifest.versions[-1]["added"].values()) + manifest.versions[-1]["copies_skipped"]
+        )
     rate = total / result.seconds if result.seconds else 0.0
     on = f" on Beam's {args.runner}" if args.runner else ""
     print(

@@ -5,16 +5,14 @@ stratified placement; resumable after kills; locked; versions read back as they 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from helpers import make_folder, run_here, tree_bytes, write_multi_label_list
+from helpers import kill_after, make_folder, run_here, tree_bytes, write_multi_label_list
 
 import chute
 from chute.errors import ChuteError
@@ -89,12 +87,13 @@ def test_copies_of_the_datasets_images_are_skipped_and_counted(dataset, tmp_path
     assert entry["copies_skipped"] == 5
     assert sum(entry["added"].values()) == 3 and manifest.class_names[-1] == "fox"
     assert len(contents.read(str(dataset), 2)) == 3  # what this version kept
-    # A third version of the same cats finds them in version 1's hashes.
+    # The same cats again are found in version 1's hashes: nothing new, no version 3.
     again = chute.convert(make_folder(tmp_path / "v3", {"cat": 5}), dataset, append=True,
-                          workers=1).manifest  # fmt: skip
-    assert again.versions[2]["copies_skipped"] == 5 and again.versions[2]["added"] == {}
+                          workers=1)  # fmt: skip
+    assert again.already_done and again.manifest.version == 2
     # Its shards held nothing: neither left in the folder nor named in the manifest.
     assert not list(dataset.glob("*-v0003-*")) and not list(dataset.glob("index/*-v0003-*"))
+    assert not (dataset / "hashes" / "v0003.sha256").exists()
     assert chute.verify(dataset).ok
 
 
@@ -209,7 +208,7 @@ def test_a_training_run_is_not_resumed_on_a_newer_version(dataset, tmp_path, mon
     chute.convert(_new(tmp_path, {"dog": 10}), dataset, append=True, workers=1)
     with pytest.raises(ChuteError) as refused:
         chute.train(dataset, run, **fast)
-    assert "the dataset is at version 2, the run started on version 1" in str(refused.value)
+    assert "the run reads version 2 of the dataset and started on version 1" in str(refused.value)
     assert "--dataset-version 1 resumes it there" in str(refused.value)
     with monkeypatch.context() as patch:  # on the version it started with: resumed
         patch.setattr(training, "_devices", lambda config: (_ for _ in ()).throw(Stop()))
@@ -246,28 +245,10 @@ def _notes(out: Path) -> int:
     return len(list((out / resume.WORK_DIR).glob("*.tfrecord.json")))
 
 
-def _kill_after(src: Path, out: Path, notes: int, deadline_s: float = 120) -> int:
-    """Starts the CLI's append and kill -9s it once more than ``notes`` shards are done;
-    returns how many were (0: it finished first)."""
-    proc = subprocess.Popen(_append_cmd(src, out), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            done = _notes(out)
-            if done > notes:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-                return 0 if chute.load_manifest(out).version == 2 else done
-            if proc.poll() is not None:
-                return 0
-            time.sleep(0.002)
-        pytest.fail(f"no shard was finished within {deadline_s} s: {_append_cmd(src, out)}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    return 0  # unreachable
+def _kill_after(src: Path, out: Path, notes: int) -> int:
+    """Kills the CLI's append once more than ``notes`` shards are done (helpers.kill_after)."""
+    finished = lambda: chute.load_manifest(out).version == 2  # noqa: E731
+    return kill_after(_append_cmd(src, out), lambda: _notes(out), finished, notes)
 
 
 @pytest.mark.slow  # appends in processes, two of them killed with SIGKILL
@@ -293,3 +274,54 @@ def test_an_append_killed_with_sigkill_twice_resumes_to_the_same_bytes(dataset, 
     written = _without_times(json.loads((dataset / "manifest.json").read_text()))
     assert written == _without_times(json.loads((reference / "manifest.json").read_text()))
     assert chute.verify(dataset).ok
+
+
+def test_what_the_review_found_stays_mended(dataset, tmp_path):
+    """A failed append leaves the dataset's rejects.csv; an append of nothing new adds no
+    version; numbered classes are not matched against named ones; a dataset whose source
+    came split may carve val from an append; a dataset_version out of range is named."""
+    rejects = (dataset / "rejects.csv").read_bytes()
+    # A list naming one file twice (a reject) and a new class only in val: refused.
+    images = _new(tmp_path, {"dog": 3, "eel": 1}, name="listed")
+    rows = ["path,label,split", "dog/000.png,dog,train", "dog/000.png,dog,train",
+            "eel/000.png,eel,val"]  # fmt: skip
+    (images / "list.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(ChuteError, match="'eel'"):
+        chute.convert(images / "list.csv", dataset, append=True, workers=1)
+    assert (dataset / "rejects.csv").read_bytes() == rejects
+    # Every image a copy: no version 2, nothing left behind.
+    copies = chute.convert(make_folder(tmp_path / "same", {"cat": 4}), dataset, append=True)
+    assert copies.already_done and chute.load_manifest(dataset).version == 1
+    assert not list(dataset.glob("*-v0002-*")) and not (dataset / resume.WORK_DIR).exists()
+    # Arrays without class names number their classes: no match for cats and dogs.
+    np.savez(tmp_path / "numbered.npz", x=np.zeros((4, 10, 12), np.uint8), y=[0, 1, 0, 1])
+    with pytest.raises(ChuteError, match="save the class names with the arrays"):
+        chute.convert(tmp_path / "numbered.npz", dataset, append=True, workers=1)
+    with pytest.raises(ChuteError, match="`dataset_version` must be a version from 1 to 1"):
+        chute.train(dataset, tmp_path / "run", dataset_version=2, model="kannada-cnn")
+
+
+def test_a_dataset_whose_source_came_split_may_carve_val_from_an_append(tmp_path):
+    src = tmp_path / "v1"
+    make_folder(src / "train", {"cat": 8})
+    make_folder(src / "val", {"cat": 2}, seed=9)
+    out = tmp_path / "out"
+    chute.convert(src, out, workers=1)
+    carved = chute.convert(_new(tmp_path, {"cat": 10}), out, append=True, val_fraction=0.2,
+                           workers=1).manifest  # fmt: skip
+    assert carved.versions[1]["added"] == {"train": 8, "val": 2}
+
+
+def test_the_first_conversion_run_again_removes_a_killed_appends_shards(
+    dataset, tmp_path, monkeypatch
+):
+    new = _new(tmp_path, {"dog": 30, "eel": 30})
+    with monkeypatch.context() as patch:
+        _crash_on_write(patch, [], 3)
+        with pytest.raises(Crash):
+            chute.convert(new, dataset, append=True, workers=1, min_shards=6)
+    assert list(dataset.glob("*-v0002-*"))  # written, and named by no manifest
+    again = chute.convert(tmp_path / "v1", dataset, workers=1, val_fraction=0.2)
+    assert again.already_done and again.manifest.version == 1
+    assert not list(dataset.glob("*-v0002-*")) and not list(dataset.glob("index/*-v0002-*"))
+    assert not (dataset / resume.WORK_DIR).exists() and chute.verify(dataset).ok

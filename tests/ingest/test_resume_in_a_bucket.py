@@ -7,15 +7,13 @@ and deleted only by its own conversion; a conversion whose lock was taken over s
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import make_folder
+from helpers import kill_after, make_folder
 from object_stores import new_s3_bucket
 
 import chute
@@ -53,28 +51,10 @@ def _convert_cmd(src: Path, out: str) -> list[str]:
             "--workers", "1", "--min-shards", "12", "--no-progress"]  # fmt: skip
 
 
-def _kill_after(src: Path, out: str, notes: int, deadline_s: float = 120) -> int:
-    """Starts the CLI and kill -9s it once more than ``notes`` shards are done; returns
-    how many were (0: it finished first)."""
-    proc = subprocess.Popen(_convert_cmd(src, out), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            done = _notes(out)
-            if done > notes:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-                return 0 if storage.exists(storage.join(out, "manifest.json")) else done
-            if proc.poll() is not None:
-                return 0
-            time.sleep(0.01)
-        pytest.fail(f"no shard was finished within {deadline_s} s: {_convert_cmd(src, out)}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    return 0  # unreachable
+def _kill_after(src: Path, out: str, notes: int) -> int:
+    """Kills the CLI once more than ``notes`` shards are done (see helpers.kill_after)."""
+    finished = lambda: storage.exists(storage.join(out, "manifest.json"))  # noqa: E731
+    return kill_after(_convert_cmd(src, out), lambda: _notes(out), finished, notes, poll_s=0.01)
 
 
 @pytest.mark.slow  # three conversions in processes, two of them killed

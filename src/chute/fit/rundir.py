@@ -157,7 +157,7 @@ def _said(key: str, then: Any, now: Any) -> str:
     and fingerprint, see :meth:`chute.format.splits.Split.fingerprint`) split by split."""
     if key == "dataset_version":
         return (
-            f"the dataset is at version {now}, the run started on version {then} "
+            f"the run reads version {now} of the dataset and started on version {then} "
             f"(--dataset-version {then} resumes it there; to train on version {now}, start "
             "another run, or pass --overwrite)"
         )

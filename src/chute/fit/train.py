@@ -282,7 +282,7 @@ def _training_data(data: Any, version: int | None = None) -> manifest_lib.Manife
     """The dataset to train on, as it was at ``version`` (None: the latest)."""
     manifest = manifest_lib.load(data)
     if version is not None:
-        manifest = manifest.at_version(version)
+        manifest = manifest.at_version(version, "dataset_version")
     # Caught here rather than by an empty dataset deep inside Keras's fit.
     if manifest.num_examples("train") == 0:
         raise ChuteError(f"{manifest.location} has no train split to train on")

@@ -123,9 +123,13 @@ class Manifest:
         """The dataset's version: 1, plus one for each ``chute convert --append``."""
         return len(self.versions) or 1
 
-    def at_version(self, version: int) -> Manifest:
+    def at_version(self, version: int, name: str = "version") -> Manifest:
         """The dataset as it was at ``version``: the shards and classes it held then (its
         classes are a prefix of today's; an append never renumbers a class).
+
+        Args:
+            version: a version from 1 to :attr:`version`.
+            name: what the caller calls it, for the error (``dataset_version``).
 
         Raises:
             ChuteError: ``version`` is not one of the dataset's versions.
@@ -134,7 +138,7 @@ class Manifest:
             >>> load("flowers").at_version(1).num_examples("train")  # doctest: +SKIP
             2936
         """
-        checks.int_in("version", version, 1, self.version, f"a version from 1 to {self.version}")
+        checks.int_in(name, version, 1, self.version, f"a version from 1 to {self.version}")
         if version == self.version:
             return self
         entry = self.versions[version - 1]
@@ -150,6 +154,7 @@ class Manifest:
             splits=splits,
             versions=self.versions[:version],
             rejects=[r for r in self.rejects if r.get("version", 1) <= version],
+            duplicates=[d for d in self.duplicates if d.get("version", 1) <= version],
         )
 
     def check_split(self, split: str) -> str:

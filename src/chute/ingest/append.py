@@ -55,6 +55,9 @@ MAY_DIFFER = frozenset(
 )
 
 
+FRACTIONS = ("val_fraction", "test_fraction")
+
+
 def base_of(output: str) -> manifest_lib.Manifest:
     """The manifest of the dataset an append adds to.
 
@@ -86,10 +89,12 @@ def options_for(base: manifest_lib.Manifest, given: dict[str, Any]) -> ConvertOp
     stored = {**ConvertOptions().to_dict(), **base.options}
     wanted = ConvertOptions.from_dict({**stored, **given}).to_dict()
     decided = _decided(base)  # what "auto" became: the size, mode and encoding it stores
+    # A dataset whose source came split carved no val or test: an append may carve them.
+    free = MAY_DIFFER | {name for name in FRACTIONS if not stored.get(name)}
     differ = [
         f"{name}={wanted[name]!r} (the dataset's: {decided.get(name, stored.get(name))!r})"
         for name in sorted(given)
-        if name not in MAY_DIFFER and wanted[name] not in (stored.get(name), decided.get(name))
+        if name not in free and wanted[name] not in (stored.get(name), decided.get(name))
     ]
     if differ:
         raise ChuteError(
@@ -134,6 +139,19 @@ def relabel(found: Source, base: manifest_lib.Manifest) -> list[str]:
             "dataset's kind"
         )
     known = {name: label for label, name in enumerate(base.class_names)}
+    numbered = found.class_names == [str(i) for i in range(len(found.class_names))]
+    # Numbers are no names: matched against named classes they would all be new ones.
+    if (
+        numbered
+        and set(found.class_names) - set(known)
+        and set(base.class_names) - set(numbers_of(base))
+    ):
+        raise ChuteError(
+            "`source` numbers its classes (an array source without `class_names`) and "
+            f"the dataset names them ({', '.join(base.class_names[:3])}, ...). Received: "
+            f"source={storage.redact(found.location)!r}; save the class names with the "
+            "arrays (np.savez(..., class_names=[...])) so that classes match by name"
+        )
     added = [name for name in found.class_names if name not in known]
     numbers = {**known, **{name: len(known) + i for i, name in enumerate(added)}}
     mapped = [numbers[name] for name in found.class_names]
@@ -151,6 +169,11 @@ def relabel(found: Source, base: manifest_lib.Manifest) -> list[str]:
     return added
 
 
+def numbers_of(manifest: manifest_lib.Manifest) -> list[str]:
+    """The names an array source without class names gives the dataset's classes."""
+    return [str(i) for i in range(manifest.num_classes)]
+
+
 def listing_digest(files: list[ListingRow]) -> str:
     """What identifies a source's files as listed (names, sizes, times): a sha256."""
     return hashlib.sha256(json.dumps(sorted(files)).encode()).hexdigest()
@@ -159,9 +182,10 @@ def listing_digest(files: list[ListingRow]) -> str:
 def already(base: manifest_lib.Manifest, identity: str, files: list[ListingRow]) -> int | None:
     """The version that appended this very source (same name, same files), if any."""
     digest = listing_digest(files)
+    shown = storage.redact(identity)  # as the manifest keeps it: without credentials
     for entry in base.versions[1:]:
         source = entry.get("source", {})
-        if source.get("location") == identity and source.get("listing") == digest:
+        if source.get("location") == shown and source.get("listing") == digest:
             return entry["version"]
     return None
 
@@ -205,10 +229,21 @@ def merged(
         class_names=classes,
         splits=splits,
         versions=(base.versions or [first_version(base)]) + [entry],
-        rejects=base.rejects + [{**reject, "version": version} for reject in added.rejects],
+        rejects=base.rejects + _new_rejects(base.rejects, added.rejects, version),
         duplicates=base.duplicates + [{**group, "version": version} for group in added.duplicates],
         warnings=base.warnings + added.warnings,
     )
+
+
+def _new_rejects(held: list[dict], added: list[dict], version: int) -> list[dict]:
+    """The append's rejects that the dataset does not list already (the same file
+    refused for the same reason), marked with the version."""
+    seen = {(reject["key"], reject["reason"]) for reject in held}
+    return [
+        {**reject, "version": version}
+        for reject in added
+        if (reject["key"], reject["reason"]) not in seen
+    ]
 
 
 def empty_shards(added: manifest_lib.Manifest) -> list[str]:

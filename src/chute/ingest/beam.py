@@ -428,7 +428,11 @@ def _write_shard(element, output):
     columns = tuple(list(column) for column in zip(*ordered, strict=True))[1:] or ([],) * 4
 
     def admit(start: int, digests: list[bytes | None]) -> list[bool]:
-        return [keep.get(start + offset, True) for offset in range(len(digests))]
+        # Every encoded record was decided (a rejected one has no digest here, and no entry).
+        return [
+            True if digest is None else keep[start + offset]
+            for offset, digest in enumerate(digests)
+        ]
 
     writer.write_shard(output, name, [columns], admit=admit)
     return name

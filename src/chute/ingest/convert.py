@@ -159,7 +159,7 @@ def convert(
     started = time.perf_counter()
     if append:
         return _append(source, output, options, option_values, workers, overwrite, runner,
-                       allow_outside, progress)  # fmt: skip
+                       pipeline_args, allow_outside, progress)  # fmt: skip
     options = _options(options, option_values)
     workers = worker_pool.check_workers(workers)
     beam = _beam_job(runner, pipeline_args)  # checked (and Beam imported) before any work
@@ -193,6 +193,9 @@ def convert(
             done = resume.existing_state(source, output, options, overwrite, files)
         if done is not None:
             log.info("%s already holds this conversion; nothing to do", output)
+            # An interrupted append's shards go with its work: the manifest names none of them.
+            listed = {shard.name for split in done.splits.values() for shard in split.shards}
+            resume.remove_orphans(output, listed)
             resume.remove_work_dir(output)
             return ConvertResult(done, output, already_done=True)
         # Under one chunk of work, starting worker processes costs more than it saves.
@@ -215,6 +218,7 @@ def _append(
     workers: int | None,
     overwrite: bool,
     runner: str | None,
+    pipeline_args: Any,
     allow_outside: bool,
     progress: ProgressFn | None,
 ) -> ConvertResult:
@@ -225,10 +229,10 @@ def _append(
             "`append` adds to the dataset in `output` and `overwrite` replaces it: pass one "
             "of them. Received: append=True, overwrite=True"
         )
-    if runner is not None:
+    if runner is not None or pipeline_args is not None:
         raise ChuteError(
-            f"`append` runs on this machine's worker processes. Received: runner={runner!r}; "
-            "leave it out"
+            "`append` runs on this machine's worker processes, not on Beam. Received: "
+            f"runner={runner!r}, pipeline_args={pipeline_args!r}; leave them out"
         )
     if options is not None:
         raise ChuteError(
@@ -263,6 +267,7 @@ def _append(
             done = 1
         if done is not None:
             log.info("%s already holds %s (version %d): nothing to append", output, source, done)
+            resume.remove_work_dir(output)
             return ConvertResult(base, output, already_done=True)
         processes = workers if len(found.items) > ENCODE_CHUNK else 1
         pool = stack.enter_context(worker_pool.start_pool(processes, on_crash=_crashed))
@@ -270,10 +275,25 @@ def _append(
         plan = _plan(source, found, options, output, pool, progress, base=base,
                      needs_training=range(first_new, first_new + len(added)))  # fmt: skip
         written = _write(plan, files, _LocalWorkers(pool), progress)
+        if not added and not written.kept:
+            # Every image a copy or refused: no version that holds nothing new.
+            for shard in plan.shards:
+                _remove_shard(output, shard.name)
+            resume.remove_work_dir(output)
+            copies = written.guard.known_copies
+            log.info("%s: every image of %s is in the dataset already (%d) or was refused: "
+                     "no new version", output, source, copies)  # fmt: skip
+            return ConvertResult(base, output, already_done=True)
         manifest = _finish(plan, written, files)
     return ConvertResult(
         manifest, output, resumed_shards=written.resumed, seconds=time.perf_counter() - started
     )
+
+
+def _remove_shard(output: str, name: str) -> None:
+    """Deletes a shard this conversion wrote, and its record index."""
+    storage.remove_if_exists(storage.join(output, name))
+    storage.remove_if_exists(record_index.index_path(output, record_index.index_name(name)))
 
 
 def _same_as_first(
@@ -518,7 +538,7 @@ def _plan(
             needs_training=needs_training,
         )
     except NoTrainingImages as error:
-        raise _why_no_images(error.classes, found, rejects, output) from None
+        raise _why_no_images(error.classes, found, rejects, output, base) from None
     if probes is None and spec.encoding != "raw":
         step = max(1, len(found.items) // _SIZE_SAMPLE)  # enough to estimate shard sizes
         # A sample only: the records' size is estimated, every file is read in full later anyway.
@@ -541,7 +561,11 @@ def _chunk_size(found: sources.Source) -> int:
 
 
 def _why_no_images(
-    classes: list[str], found: sources.Source, rejects: list[dict], output: str
+    classes: list[str],
+    found: sources.Source,
+    rejects: list[dict],
+    output: str,
+    base: manifest_lib.Manifest | None = None,
 ) -> NoTrainingImages:
     """The error for classes left without a training image, with the first reasons their
     images were refused; every reject goes to ``OUT/rejects.csv``, which is kept."""
@@ -566,8 +590,11 @@ def _why_no_images(
     reasons = ". " + ". ".join(shown)
     if rejects:
         # Written even though the conversion fails: the user needs the whole list to fix it.
-        resume.write_rejects(output, sorted(rejects, key=lambda r: r["key"]))
-        where = storage.join(output, resume.REJECTS_NAME)
+        # An append's go beside its work, not over the dataset's own rejects.csv.
+        folder = output if base is None else storage.join(output, manifest_lib.WORK_DIR)
+        storage.makedirs(folder)
+        resume.write_rejects(folder, sorted(rejects, key=lambda r: r["key"]))
+        where = storage.join(folder, resume.REJECTS_NAME)
         reasons += f". All {len(rejects)} refused inputs are listed in {where}"
     return NoTrainingImages(classes, reasons)
 
@@ -625,6 +652,11 @@ class _Tally:
         for field in ("digests", "missing", "fates"):
             del note[field]
         self.infos[shard.name] = note
+
+    @property
+    def kept(self) -> int:
+        """Records the shards hold."""
+        return sum(manifest_lib.Shard.from_dict(note).records for note in self.infos.values())
 
 
 def _write(
@@ -818,19 +850,15 @@ def _finish(
     manifest = _manifest(plan, written)
     if plan.base is not None:
         for name in appending.empty_shards(manifest):
-            storage.remove_if_exists(storage.join(plan.output, name))
-            index = record_index.index_path(plan.output, record_index.index_name(name))
-            storage.remove_if_exists(index)
+            _remove_shard(plan.output, name)
         manifest = appending.merged(
             plan.base, manifest, copies=written.guard.known_copies, files=files
         )
-        # Warned of over the whole dataset: a new class whose every image was refused.
-        said = set(manifest.warnings)
-        manifest.warnings += [
-            warning
-            for warning in _warnings(manifest.class_names, manifest.splits)
-            if warning not in said
-        ]
+        # Warned of over the whole dataset as it is now (an append may give a class its
+        # first training or validation image, or a new class none).
+        manifest.warnings = _warnings(manifest.class_names, manifest.splits) + _without_val(
+            manifest.class_names, manifest.splits, plan.options
+        )
         log.info("append: version %d, %d cop(ies) of the dataset's images skipped",
                  plan.version, written.guard.known_copies)  # fmt: skip
     lock.check_held(plan.output)
