@@ -141,7 +141,7 @@ def write_shard(
     )
     # The note last: its presence is what a re-run takes as proof of a finished shard.
     # Not synced: lost or cut short in a crash, it only has its shard written again.
-    _write_atomic(note_path(output, name), json.dumps(note).encode(), attempt, sync=False)
+    _write_atomic(note_path(output, name), json.dumps(note).encode(), attempt)
     return note
 
 
@@ -236,14 +236,12 @@ def load_note(output: str, name: str, *, check_sha256: bool = True) -> dict | No
     return info
 
 
-def _write_atomic(path: str, data: bytes, attempt: str, *, sync: bool = True) -> None:
-    """Writes ``data`` under this attempt's temporary name, then renames it to ``path``;
-    ``sync``: on disk before the rename, so a crash never leaves the name over partial data."""
+def _write_atomic(path: str, data: bytes, attempt: str) -> None:
+    """Writes ``data`` under this attempt's temporary name, then renames it to ``path``
+    (not synced: a note cut short by a crash only has its shard written again)."""
     tmp = f"{path}.{attempt}.tmp"
     with storage.open_file(tmp, "wb") as handle:
         handle.write(data)
-        if sync:
-            storage.sync(handle)
     storage.rename(tmp, path)
 
 
