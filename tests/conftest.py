@@ -17,6 +17,7 @@ from helpers import (
     convert_arrays,
     make_folder,
     once_per_run,
+    write_marked,
     write_multi_label_list,
 )
 
@@ -116,6 +117,21 @@ def multi_label_data(tmp_path_factory) -> Path:
         )
 
     return once_per_run(tmp_path_factory, "multi-label", build) / "out"
+
+
+@pytest.fixture(scope="session")
+def mixable(tmp_path_factory) -> dict[str, Path]:
+    """Three small datasets to mix (``helpers.write_marked``): ``a`` grayscale (3 classes,
+    120 images), ``b`` colour (2 classes, 48), ``c`` grayscale with one class much larger
+    (48 and 8 images)."""
+
+    def build(root: Path) -> None:
+        write_marked(root, "a", 120, 1)
+        write_marked(root, "b", 48, 3)
+        write_marked(root, "c", 56, 1, labels=[0] * 48 + [1] * 8)
+
+    root = once_per_run(tmp_path_factory, "mixable", build)
+    return {name: root / name for name in ("a", "b", "c")}
 
 
 @pytest.fixture(scope="session")

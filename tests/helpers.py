@@ -54,6 +54,26 @@ def convert_arrays(root: Path, count: int, classes: int, **options) -> Path:
     return root / "shards"
 
 
+MIX_MARKS = {"a": 100, "b": 200, "c": 50}  # first pixel: the dataset's mark + the label
+MIX_NAMES = {"a": ["cat", "dog", "eel"], "b": ["dog", "fox"], "c": ["ant", "cat"]}
+
+
+def write_marked(root: Path, name: str, count: int, channels: int, labels=None) -> Path:
+    """Dataset ``name`` of ``MIX_NAMES`` for mixing tests, converted into ``root/name``
+    (val 0.25): ``count`` random 8x8 images whose first pixel is ``MIX_MARKS[name]`` plus
+    the image's label (classes in turn, or ``labels``), so a batch says where each image
+    came from."""
+    import chute
+
+    rng = np.random.default_rng(len(name) + MIX_MARKS[name])
+    y = np.arange(count) % len(MIX_NAMES[name]) if labels is None else np.asarray(labels)
+    x = rng.integers(0, 40, (count, 8, 8, channels), dtype=np.uint8)  # every image its own
+    x[:, 0, 0, :] = (MIX_MARKS[name] + y)[:, None]
+    np.savez(root / f"{name}.npz", x=x, y=y, class_names=np.array(MIX_NAMES[name]))
+    chute.convert(root / f"{name}.npz", root / name, val_fraction=0.25, workers=1)
+    return root / name
+
+
 def write_banded(root: Path, per_class: int = 24, size: int = 16) -> None:
     """3 classes x ``per_class`` grayscale PNGs in ``root/a|b|c`` that a small CNN tells
     apart in a few epochs: a bright band whose row says the class."""

@@ -198,9 +198,9 @@ def test_train_flag_samples_the_training_data_only_and_is_in_the_run_config(
     seen = {}
     real_inputs = train_module._inputs
 
-    def inputs(manifest, config, strategy):
+    def inputs(manifest, config, strategy, *rest):
         seen["config"] = config
-        built = real_inputs(manifest, config, strategy)
+        built = real_inputs(manifest, config, strategy, *rest)
         seen["train"], seen["val"] = (info_of(d).options.sampling for d in (built.train, built.val))
         raise Killed
 

@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -47,6 +48,42 @@ def _names(value: Any) -> tuple[str, ...] | None:
             return ()
         return tuple(name.strip() for name in value.split(",") if name.strip())
     return tuple(value)
+
+
+MIX_ALLOWED = "DATASET=WEIGHT pairs (comma-separated), each weight above 0, summing below 1"
+
+
+def parse_mix(value: Any) -> tuple[tuple[str, float], ...] | None:
+    """``mix`` checked: datasets trained on beside the first, each with its share of every
+    batch; a flag's ``"b=0.3,c=0.1"`` (split at each pair's last ``=``), a mapping, or
+    pairs. The first dataset gets what is left (``1 - 0.3 - 0.1``).
+
+    Example:
+        >>> parse_mix("gs://b/x=0.3, ./c=0.1")
+        (('gs://b/x', 0.3), ('./c', 0.1))
+    """
+    if value is None:
+        return None
+    pairs: Any = value
+    if isinstance(value, str):
+        pairs = [part.rsplit("=", 1) for part in value.split(",") if part.strip()]
+        if not pairs or any(len(pair) != 2 for pair in pairs):
+            raise checks.bad_value("mix", value, MIX_ALLOWED)
+    elif isinstance(value, Mapping):
+        pairs = list(value.items())
+    checked = []
+    try:
+        for name, weight in pairs:
+            name = str(name).strip() if isinstance(name, str) else os.fspath(name)
+            weight = float(weight)
+            if not name or not 0 < weight < 1:
+                raise ValueError
+            checked.append((name, weight))
+    except (TypeError, ValueError):
+        raise checks.bad_value("mix", value, MIX_ALLOWED) from None
+    if not checked or sum(weight for _, weight in checked) >= 1:
+        raise checks.bad_value("mix", value, MIX_ALLOWED)
+    return tuple(checked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +172,13 @@ class TrainConfig:
             then run in the train step.
         seed: seeds Keras, the data order and augmentation (not the order of
             data read through ``data_service``).
+        dataset_version: train on this version of the dataset (``chute convert
+            --append`` adds one); default: the latest.
+        mix: other datasets trained on with the first, each with its share of every
+            training batch (``(("b", 0.3), ("c", 0.1))``, a mapping, or the flag's
+            ``"b=0.3,c=0.1"``; the first dataset gets the rest). Their classes join
+            the first one's by name; validation reads the first dataset's val split
+            (see ``chute.load`` with ``weights``).
         load: how the data are read, the fields of
             :class:`~chute.read.options.LoadOptions` that chute train does not
             choose itself (``cache``, ``shuffle_buffer``, ``crop_scale``,
@@ -241,6 +285,10 @@ class TrainConfig:
         None, "train on this version of the dataset (chute inspect lists them; default: the "
         "latest)", type=int, metavar="N",
     )  # fmt: skip
+    mix: tuple[tuple[str, float], ...] | None = option(
+        None, "also train on these datasets, each this share of every batch (the first "
+        "dataset gets the rest): DATASET=WEIGHT,...", type=str, metavar="B=0.3,C=0.1",
+    )  # fmt: skip
     # a frozen LoadOptions: one default instance is safely shared
     load: LoadOptions = option(LoadOptions(), "how the data are read ([load])", flag=False)  # noqa: RUF009
 
@@ -328,6 +376,7 @@ class TrainConfig:
         checks.int_in("seed", self.seed, 0, what="a non-negative integer")
         if self.dataset_version is not None:
             checks.positive_int("dataset_version", self.dataset_version)
+        object.__setattr__(self, "mix", parse_mix(self.mix))
         if self.data_service is not None:
             from chute.read.options import check_address
 

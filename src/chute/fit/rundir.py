@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 # what a run writes: replaced by --overwrite (nothing else in the folder is touched)
 STARTED = "started.json"  # what the backup depends on (see prepare)
 PROGRESS = "progress-{}.json"  # a phase's history while it runs (see trainable.progress)
+OPTIONAL = ("mix",)  # keys of started.json recorded only when present (absent: none)
 _PHASES = ("all", "head", "fine-tune")
 _ENTRIES = (
     "bundle", "checkpoints", "logs", "backup", "history.csv", STARTED, "budget.json",
@@ -149,7 +150,22 @@ def _differences(run: RunDir, started: dict[str, Any]) -> dict[str, str]:
         for key in started
         if key in before and before[key] != started[key] and not (elastic and key == "batch_size")
     ]
-    return {key: _said(key, before[key], started[key]) for key in changed}
+    # Recorded only when there is one: absent is none (a run that mixed nothing in).
+    changed += [
+        key for key in OPTIONAL if key not in changed and before.get(key) != started.get(key)
+    ]
+    return {key: _said(key, before.get(key), started.get(key)) for key in changed}
+
+
+def _mixed(mix: Any) -> str:
+    """A run's mixed datasets in words: each one's location and share (and its data)."""
+    if not mix:
+        return "nothing"
+    return ", ".join(
+        f"{entry.get('location')} {entry.get('weight', 0):.0%} "
+        f"({entry.get('examples')} examples, {entry.get('fingerprint')})"
+        for entry in mix
+    )
 
 
 def _said(key: str, then: Any, now: Any) -> str:
@@ -161,6 +177,8 @@ def _said(key: str, then: Any, now: Any) -> str:
             f"(--dataset-version {then} resumes it there; to train on version {now}, start "
             "another run, or pass --overwrite)"
         )
+    if key == "mix":
+        return f"mixed in: {_mixed(then)} then, {_mixed(now)} now"
     if key != "data" or not (isinstance(then, dict) and isinstance(now, dict)):
         return f"{key}: {then!r} then, {now!r} now"
     said = []

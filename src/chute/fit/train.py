@@ -97,6 +97,7 @@ class _Inputs:
     val_padded: float = 1.0  # validation examples Keras counts per real one (padding)
     val_weighted: bool = False  # validation batches are padded, with weights (0: padding)
     positives: Any = None  # multi-label: each label's positive weight (None: single-label)
+    mixture: Any = None  # with --mix: the training data's MixInfo (images of each an epoch)
     # multi-label: which labels the monitored split (val, else train) has a positive of
     labels_present: Any = None
 
@@ -163,6 +164,9 @@ def train(
     models.check_model(config.model, config.weights)  # before anything heavy
     _check_run_dir(os.fspath(run_dir), config)
     manifest = _training_data(data, config.dataset_version)
+    # With --mix: the datasets read as one; the first in their joined classes from here on.
+    mixture = _mixture(manifest, config)
+    manifest = mixture.first if mixture is not None else manifest
     config, recipe = recipe_lib.choose(
         config,
         examples=manifest.num_examples("train"),
@@ -174,7 +178,7 @@ def train(
     processes = processes_lib.join(config)  # JAX on several hosts: one process each
     _check_one_process_options(config, processes, callbacks)
     # Recorded with the run folder: a later run with other options must not resume this backup.
-    started = {**_started_with(config, manifest), "width": recipe.width}
+    started = {**_started_with(config, manifest, mixture), "width": recipe.width}
     run = processes_lib.prepare_run(
         run_dir, overwrite=overwrite, processes=processes, started=started
     )
@@ -189,7 +193,7 @@ def train(
     # over its devices); a tf.distribute strategy is entered where variables are made
     with _global_policy(precision), devices.run_scope():
         keras.utils.set_random_seed(config.seed)
-        inputs = _inputs(manifest, config, devices)
+        inputs = _inputs(manifest, config, devices, mixture)
         model = _built_model(config, manifest, devices, inputs, recipe.width)
         history, seconds = _fit_phases(
             model, devices, inputs, config, manifest, run, _keras_verbose(verbose), callbacks
@@ -211,7 +215,9 @@ def train(
     return result
 
 
-def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[str, Any]:
+def _started_with(
+    config: TrainConfig, manifest: manifest_lib.Manifest, mixture: Any = None
+) -> dict[str, Any]:
     """What a run's backup depends on: the model's layers and shapes, the classes, its
     training phases, the optimizer's variables (optimizer, precision: a loss-scale
     optimizer), the augmentation layers in the train step, the batch size (the steps the
@@ -256,7 +262,10 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
         # The Grain engine's backups say where they are in examples of one global order:
         # such a run resumes on another batch size or device count (rundir skips the
         # batch size when both runs record this; an older run's backup counts steps).
-        **({"position": "examples"} if config.load.engine == "grain" else {}),
+        # (A mixture's batches are composed for one global batch size: not there.)
+        **({"position": "examples"} if config.load.engine == "grain" and not mixture else {}),
+        # The datasets mixed in: where, their share, and their data (as "data" above).
+        **({"mix": _mix_record(mixture)} if mixture is not None else {}),
         # A bucket's split larger than the cache is read in shard blocks sized by these.
         **(
             {"cache_limit": config.load.cache_limit, "shard_window": config.load.shard_window}
@@ -264,6 +273,49 @@ def _started_with(config: TrainConfig, manifest: manifest_lib.Manifest) -> dict[
             else {}
         ),
     }
+
+
+def _mixture(manifest: manifest_lib.Manifest, config: TrainConfig) -> Any:
+    """With ``config.mix``: the first dataset and the others as one
+    (:class:`~chute.read.mixture.Mixture`), the first with the share left; else None."""
+    if not config.mix:
+        return None
+    from chute.read.mixture import mixture_of
+
+    for location, _ in config.mix:
+        storage.check_location(location, "mix")
+    others = [manifest_lib.load(location) for location, _ in config.mix]
+    for other in others:
+        if other.num_examples("train") == 0:
+            raise ChuteError(f"{other.location} (in `mix`) has no train split to train on")
+    weights = [1 - sum(weight for _, weight in config.mix), *(w for _, w in config.mix)]
+    mixture = mixture_of([manifest, *others], weights)
+    log.info(
+        "training on %d datasets as one: %d classes (%d from %s)",
+        len(others) + 1,
+        len(mixture.class_names),
+        manifest.num_classes,
+        manifest.location,
+    )
+    return mixture
+
+
+def _mix_record(mixture: Any) -> list[dict[str, Any]]:
+    """What a run records of the datasets it mixes: where, share, version, train data, and
+    each one's labels in the run's classes."""
+    return [
+        {
+            "location": manifest.location,
+            "weight": weight,
+            "dataset_version": manifest.version,
+            "examples": manifest.num_examples("train"),
+            "fingerprint": manifest.split("train").fingerprint(),
+            "label_map": [int(label) for label in labels],
+        }
+        for manifest, weight, labels in zip(
+            mixture.manifests, mixture.shares, mixture.maps, strict=True
+        )
+    ]
 
 
 def _check_run_dir(run_dir: str, config: TrainConfig) -> None:
@@ -336,7 +388,9 @@ def _global_policy(precision: str) -> Iterator[None]:
         keras.mixed_precision.set_global_policy(previous)
 
 
-def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devices) -> _Inputs:
+def _inputs(
+    manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devices, mixture: Any = None
+) -> _Inputs:
     """The training and validation datasets, and the steps of an epoch (the reader's).
 
     One input pipeline yields the whole global batch, which Keras splits across
@@ -368,7 +422,12 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devic
             f"{devices.kind} strategy"
         )
     train_options, val_options = reading.reading(config, devices, manifest)
-    train = load(manifest, "train", train_options, **reading.pipelines(devices, training=True))
+    train = load(
+        mixture if mixture is not None else manifest,
+        "train",
+        train_options,
+        **reading.pipelines(devices, training=True),
+    )
     steps = info_of(train).steps
     if steps == 0:
         raise ChuteError(
@@ -400,6 +459,7 @@ def _inputs(manifest: manifest_lib.Manifest, config: TrainConfig, devices: Devic
         val_weighted=val_options is not None and val_options.pad_final_batch,
         positives=positives,
         labels_present=_labels_present(manifest, "val" if val is not None else "train"),
+        mixture=info_of(train).mixture,
     )
 
 
@@ -615,6 +675,8 @@ def _fit(
     budgets = _budget(config, run, inputs, phase, devices)
     callbacks = [
         *([_padded_val_loss(inputs.val_padded)] if inputs.val_padded != 1 else []),
+        # before the logs and the history: they record each mixed dataset's images
+        *([_mix_counts(inputs.mixture)] if inputs.mixture is not None else []),
         # first: the others see saved epochs (and the restored model); every process
         # restores, only the chief writes backups, alone
         resume.callback(_saver(resume, devices), config.backup_every),
@@ -651,6 +713,22 @@ def _fit(
     # epochs recorded after the restored backup (a newer one was unreadable) go
     _fit_until_done(fit, resume, kept, first=kept.resume_at(resume.point.epoch), budgets=budgets)
     return kept.finish(), timer.seconds
+
+
+def _mix_counts(mixture: Any) -> Any:
+    """A callback that puts each mixed dataset's images of the epoch into its logs (so
+    into the history and ``history.csv``): ``images_<dataset folder>``."""
+    names = []
+    for location in mixture.datasets:
+        name = "images_" + (location.rstrip("/").rsplit("/", 1)[-1] or "dataset")
+        names.append(name if name not in names else f"{name}_{len(names)}")
+
+    class MixCounts(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if logs is not None:
+                logs.update({name: float(n) for name, n in zip(names, mixture.images, strict=True)})
+
+    return MixCounts()
 
 
 def _budget(config: TrainConfig, run, inputs: _Inputs, phase: _Phase, devices: Devices) -> list:
@@ -751,6 +829,7 @@ def _save_best(model, manifest, run, config: TrainConfig, precision: str, inputs
         tta=recipe.tta,
         info={
             "data": manifest.location,
+            **({"mix": inputs.mixture.to_dict()["datasets"]} if inputs.mixture else {}),
             "model": config.model,
             "precision": precision,
             "backend": config.backend,

@@ -157,6 +157,30 @@ class Manifest:
             duplicates=[d for d in self.duplicates if d.get("version", 1) <= version],
         )
 
+    def with_classes(self, class_names: list[str]) -> Manifest:
+        """The same dataset in a wider label space: ``class_names`` starts with this
+        dataset's own, in order, and the classes after them have no examples here (what
+        a mixture of datasets reads one of them as, :mod:`chute.read.mixture`).
+
+        Raises:
+            ChuteError: ``class_names`` does not start with this dataset's classes.
+
+        Example:
+            >>> load("pets").with_classes(["cat", "dog", "eel"]).num_classes  # doctest: +SKIP
+            3
+        """
+        if list(class_names[: self.num_classes]) != list(self.class_names):
+            raise ChuteError(
+                f"A wider label space must start with {self.location or 'the dataset'}'s "
+                f"classes in order. Received: class_names={list(class_names)[:5]!r}..."
+            )
+        if len(class_names) == self.num_classes:
+            return self
+        splits = {
+            name: Split.of(split.shards, len(class_names)) for name, split in self.splits.items()
+        }
+        return dataclasses.replace(self, class_names=list(class_names), splits=splits)
+
     def check_split(self, split: str) -> str:
         """``split`` if this dataset has it, else a ChuteError naming the splits it has."""
         return checks.one_of("split", split, self.splits)

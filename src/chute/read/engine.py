@@ -49,6 +49,20 @@ class Engine(Protocol):
         """The dataset of ``plan``, and its :class:`LoadInfo`."""
         ...
 
+    def mixed(
+        self,
+        mixture: Any,
+        split: str,
+        options: LoadOptions,
+        *,
+        input_context: Any = None,
+        strategy: Any = None,
+        load: Any = None,
+    ) -> tuple[Any, LoadInfo]:
+        """A mixture of datasets (:class:`~chute.read.mixture.Mixture`) read as one, and
+        its :class:`LoadInfo` (with ``mixture``); ``load`` reads one dataset."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class LoadInfo:
@@ -71,6 +85,8 @@ class LoadInfo:
         cached_in: ``"memory"``, the cache files' name, or None.
         options: the options read with.
         counters: ``skip_corrupt``'s counters of each input pipeline (see :meth:`corrupt_count`).
+        mixture: a mixture of datasets' :class:`~chute.read.mixture.MixInfo` (each
+            one's share and images an epoch), else None.
     """
 
     class_names: tuple[str, ...]
@@ -85,6 +101,7 @@ class LoadInfo:
     counters: tuple[Mapping[str, Any], ...] = dataclasses.field(
         default=(), repr=False, compare=False
     )
+    mixture: Any = None
 
     def corrupt_count(self) -> int:
         """What ``skip_corrupt`` skipped in the latest epoch (exact once it is over; it
@@ -112,6 +129,7 @@ def make_info(
     device_augmentation: DeviceAugmentation | None = None,
     cached_in: str | None = None,
     counters: tuple[Mapping[str, Any], ...] = (),
+    mixture: Any = None,
 ) -> LoadInfo:
     """The :class:`LoadInfo` of a dataset read from ``manifest`` with ``options``."""
     return LoadInfo(
@@ -125,6 +143,7 @@ def make_info(
         cached_in=cached_in,
         options=options,
         counters=counters,
+        mixture=mixture,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from chute.errors import ChuteError
@@ -23,6 +23,7 @@ from chute.lazy import installed, tensorflow_builds, tf
 from chute.read import cache as shard_cache
 from chute.read import share
 from chute.read.engine import Engine, LoadInfo, info_of
+from chute.read.mixture import Mixture, mixture_of
 from chute.read.options import LoadOptions, resolve
 
 __all__ = ["LoadInfo", "engine_named", "info_of", "load"]
@@ -41,13 +42,15 @@ def engine_named(name: str) -> Engine:
 
 
 def load(
-    path: str | os.PathLike | manifest_lib.Manifest,
+    path: str | os.PathLike | manifest_lib.Manifest | Sequence[str | os.PathLike],
     split: str = "train",
     options: LoadOptions | Mapping[str, Any] | None = None,
     *,
     input_context: Any = None,
     strategy: Any = None,
-    version: int | None = None,
+    version: int | Sequence[int | None] | None = None,
+    weights: Sequence[float] | None = None,
+    steps: int | None = None,
     **overrides: Any,
 ):
     """Reads a converted split as batches of ``(images, labels)`` with static shapes.
@@ -66,7 +69,18 @@ def load(
             gives there): batches of ``batch_size`` per device for this process's
             devices, which Keras's ``fit`` lays out over them.
         version: read the dataset as it was at this version (``chute convert --append``
-            adds one; ``chute inspect`` lists them); default: the latest.
+            adds one; ``chute inspect`` lists them); default: the latest. A mixture:
+            a version (or None) per dataset.
+        weights: with a list of datasets as ``path``, each one's share of every
+            training batch (positive numbers, made to sum to 1; default: equal). The
+            datasets are read as one: their classes joined by name (the first
+            dataset's keep their labels; ``ds.chute.class_names`` gives them all),
+            images brought to the first one's size and channels, each batch
+            composed in these proportions (exactly, where ``weight * batch_size``
+            is whole), each dataset's own draws a new shuffle every pass over it.
+            ``ds.chute.mixture`` says what an epoch reads of each.
+        steps: a mixture's batches in an epoch; default: as many as show the first
+            dataset's images once.
         **overrides: ``LoadOptions`` fields replacing those of ``options``
             (``batch_size=256``, ``augment="crop,flip"``, ``cache=None``, ...).
 
@@ -93,6 +107,16 @@ def load(
         (101, 256)
     """
     options = resolve(options, overrides)  # every value checked before any work
+    if isinstance(path, (list, tuple, Mixture)):
+        mixture = path
+        if not isinstance(path, Mixture):
+            mixture = mixture_of(path, weights, versions=version, steps=steps)
+        return _mixed(mixture, split, options, input_context=input_context, strategy=strategy)
+    if weights is not None or steps is not None:
+        raise ChuteError(
+            "`weights` and `steps` mix several datasets: pass a list of them as `path`. "
+            f"Received: path={path!r}, weights={weights!r}, steps={steps!r}"
+        )
     manifest = manifest_lib.load(path)
     if version is not None:
         manifest = manifest.at_version(version)
@@ -104,6 +128,22 @@ def load(
         return _distributed(manifest, split, options, strategy)
     plan = engine.plan(manifest, split, options, input_context=input_context, strategy=strategy)
     dataset, info = engine.build(plan, manifest, options)
+    dataset.chute = info
+    return dataset
+
+
+def _mixed(mixture: Mixture, split: str, options: LoadOptions, *, input_context, strategy):
+    """``load`` of several datasets as one (see :mod:`chute.read.mixture`)."""
+    for manifest in mixture.manifests:
+        _check_engine_reaches(manifest.location, options)
+    if _keras_distribution(strategy):
+        return _data_parallel(mixture, split, options, strategy)
+    if strategy is not None and options.engine == "tf":
+        return _distributed(mixture, split, options, strategy)
+    engine = engine_named(options.engine)
+    dataset, info = engine.mixed(
+        mixture, split, options, input_context=input_context, strategy=strategy, load=load
+    )
     dataset.chute = info
     return dataset
 
@@ -146,7 +186,11 @@ def _distributed(manifest, split: str, options: LoadOptions, strategy):
     feeds = share.Share.of(context).feeds
     distributed.chute = dataclasses.replace(
         first,
-        num_examples=manifest.num_examples(split),
+        num_examples=(
+            manifest.num_examples(split)
+            if first.mixture is None
+            else sum(info.num_examples for _, info in built)
+        ),
         steps=share.global_steps(first.steps, feeds, training=first.training),
         counters=tuple(counters for _, info in built for counters in info.counters),
     )

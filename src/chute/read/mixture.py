@@ -1,7 +1,9 @@
 """Several chute datasets read as one, in given proportions: the engine-free part.
 
-What both reading engines will share for ``chute.load([a, b, c], weights=[...])``
-(issue #42, item 3; the engines do not use it yet):
+What both reading engines share for ``chute.load([a, b, c], weights=[...])``
+(:mod:`chute.read.grain.mixed`, :mod:`chute.read.tf.mixed`):
+
+- :func:`mixture_of`: the datasets checked against each other (:class:`Mixture`);
 
 - :func:`label_space`: one label space over the datasets by class name (a class in
   several datasets is one class), the first dataset's classes first, and for each
@@ -22,13 +24,238 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from chute.errors import ChuteError
+from chute.format import manifest as manifest_lib
 from chute.format.manifest import Manifest
+
+_MIX_KEY = 3  # a batch's slots are dealt from a generator keyed (seed, epoch, batch, _MIX_KEY)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+    """Several datasets read as one (made by :func:`mixture_of`).
+
+    Attributes:
+        manifests: the datasets, the first one widened to the mixture's classes
+            (:meth:`~chute.format.manifest.Manifest.with_classes`).
+        shares: each dataset's share of every batch (summing to 1).
+        class_names: the mixture's classes: the first dataset's, then each later
+            dataset's new ones.
+        maps: per dataset, its labels' labels in the mixture.
+        channels: of the images yielded (the first dataset's); another dataset's
+            are converted (grayscale repeated, colour to luma).
+        steps: batches of an epoch when given; None: as many as show the first
+            dataset's train images once.
+    """
+
+    manifests: tuple[Manifest, ...]
+    shares: tuple[float, ...]
+    class_names: tuple[str, ...]
+    maps: tuple[np.ndarray, ...]
+    channels: int
+    steps: int | None = None
+
+    @property
+    def first(self) -> Manifest:
+        """The first dataset, in the mixture's classes: its val and test splits are
+        the mixture's, its image spec the one the others are brought to."""
+        return self.manifests[0]
+
+    def epoch_steps(self, split: str, global_batch: int) -> int:
+        """Batches of a mixed epoch of ``global_batch`` images (see :func:`epoch_steps`)."""
+        return epoch_steps([self.first.num_examples(split)], self.shares, global_batch, self.steps)
+
+    def schedule(self, split: str, global_batch: int) -> Schedule:
+        """Every batch's images of each dataset in an epoch of ``global_batch`` images."""
+        steps = self.epoch_steps(split, global_batch)
+        return Schedule(batch_counts(self.shares, global_batch, steps))
+
+    def describe(self, split: str, global_batch: int) -> MixInfo:
+        """What an epoch of this mixture reads: :class:`MixInfo`."""
+        schedule = self.schedule(split, global_batch)
+        return MixInfo(
+            datasets=tuple(m.location for m in self.manifests),
+            weights=self.shares,
+            images=tuple(int(n) for n in schedule.per_epoch),
+            examples=tuple(m.num_examples(split) for m in self.manifests),
+            label_maps=tuple(tuple(int(x) for x in m) for m in self.maps),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class MixInfo:
+    """What a mixed dataset reads, in ``ds.chute.mixture`` (and a run's ``started.json``).
+
+    Attributes:
+        datasets: where each dataset is, in the order given.
+        weights: each one's share of every batch (summing to 1).
+        images: each one's images in an epoch (all input pipelines together).
+        examples: each one's examples in the split read.
+        label_maps: per dataset, the mixture's label of each of its labels.
+    """
+
+    datasets: tuple[str, ...]
+    weights: tuple[float, ...]
+    images: tuple[int, ...]
+    examples: tuple[int, ...]
+    label_maps: tuple[tuple[int, ...], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stored form: one entry per dataset."""
+        return {
+            "datasets": [
+                {"location": where, "weight": weight, "images_per_epoch": images,
+                 "examples": examples, "label_map": list(labels)}
+                for where, weight, images, examples, labels in zip(
+                    self.datasets, self.weights, self.images, self.examples,
+                    self.label_maps, strict=True,
+                )
+            ]
+        }  # fmt: skip
+
+
+def shown(info: MixInfo) -> str:
+    """A mixture in a log line: each dataset's share and images an epoch.
+
+    Example:
+        >>> shown(MixInfo(("a", "b/c"), (0.75, 0.25), (30, 10), (40, 9), ((0,), (0,))))
+        'a 75% (30 images an epoch), c 25% (10)'
+    """
+    parts = [
+        f"{_name(where)} {weight:.0%}"
+        + (f" ({images} images an epoch)" if i == 0 else f" ({images})")
+        for i, (where, weight, images) in enumerate(
+            zip(info.datasets, info.weights, info.images, strict=True)
+        )
+    ]
+    return ", ".join(parts)
+
+
+def _name(location: str) -> str:
+    """A dataset's folder name, for logs."""
+    return location.rstrip("/").rsplit("/", 1)[-1] or location
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """An epoch's batches: ``counts[j, d]`` images of dataset ``d`` in batch ``j``. Every
+    epoch repeats it, so where batch ``j`` of epoch ``e`` starts in each dataset's own
+    sequence of draws is a pure function of ``(e, j)``: a reader resumes at any batch."""
+
+    counts: np.ndarray
+
+    def __post_init__(self) -> None:
+        before = np.zeros((len(self.counts) + 1, self.counts.shape[1]), np.int64)
+        np.cumsum(self.counts, axis=0, out=before[1:])
+        object.__setattr__(self, "_before", before)
+
+    @property
+    def steps(self) -> int:
+        """Batches of an epoch."""
+        return len(self.counts)
+
+    @property
+    def per_epoch(self) -> np.ndarray:
+        """Each dataset's images in an epoch."""
+        return self._before[-1]
+
+    def starts(self, epoch: int, batch: int) -> np.ndarray:
+        """Where batch ``batch`` of epoch ``epoch`` starts in each dataset's draws."""
+        return epoch * self._before[-1] + self._before[batch]
+
+    def slots(self, seed: int, epoch: int, batch: int) -> np.ndarray:
+        """The dataset of each slot of the global batch: its images dealt at random (so
+        each replica's part holds every dataset in about its share), the same for any
+        number of input pipelines."""
+        datasets = np.repeat(np.arange(self.counts.shape[1]), self.counts[batch])
+        rng = np.random.default_rng([seed, epoch, batch, _MIX_KEY])
+        return datasets[rng.permutation(len(datasets))]
+
+
+def mixture_of(
+    datasets: Sequence[str | os.PathLike | Manifest],
+    weights: Sequence[float] | None = None,
+    *,
+    versions: Sequence[int | None] | None = None,
+    steps: int | None = None,
+) -> Mixture:
+    """The datasets ``chute.load([a, b, c], weights=[...])`` reads as one, checked.
+
+    Args:
+        datasets: chute datasets (folders, buckets, manifests), the first one first:
+            its classes keep their labels, its image spec and val split are the
+            mixture's, and by default its train images define an epoch.
+        weights: each one's share of every batch (any positive numbers: they are
+            made to sum to 1); default: equal shares.
+        versions: each one's version to read (None: the latest).
+        steps: batches of an epoch (default: the first dataset's images once).
+
+    Raises:
+        ChuteError: fewer than one dataset, the same one twice, weights (or versions)
+            not one per dataset, labels of different kinds, or images whose channels
+            cannot be converted (anything but grayscale and colour).
+
+    Example:
+        >>> mixed = mixture_of(["pets", "wild"], [0.75, 0.25])  # doctest: +SKIP
+        >>> mixed.class_names, mixed.shares  # doctest: +SKIP
+        (('cat', 'dog', 'fox'), (0.75, 0.25))
+    """
+    if isinstance(datasets, (str, os.PathLike, Manifest)) or not datasets:
+        raise ChuteError(f"Mixing needs a list of datasets. Received: {datasets!r}")
+    if weights is None:
+        weights = [1.0] * len(datasets)
+    elif isinstance(weights, (str, bytes)) or len(weights) != len(datasets):
+        raise ChuteError(
+            f"`weights` must give one positive number per dataset ({len(datasets)}). "
+            f"Received: weights={weights!r}"
+        )
+    shares = _weights(weights)
+    if versions is None:
+        versions = [None] * len(datasets)
+    elif isinstance(versions, int) or len(versions) != len(datasets):
+        raise ChuteError(
+            f"`version` of a mixture must give one version (or None) per dataset "
+            f"({len(datasets)}). Received: version={versions!r}"
+        )
+    manifests = []
+    for dataset, version in zip(datasets, versions, strict=True):
+        manifest = manifest_lib.load(dataset)
+        manifests.append(manifest if version is None else manifest.at_version(version))
+    seen: dict[str, int] = {}
+    for index, manifest in enumerate(manifests):
+        where = manifest.location
+        if where and where in seen:
+            raise ChuteError(
+                f"Dataset {where!r} is mixed in twice (datasets {seen[where]} and {index}): "
+                f"give it once, with the sum of its weights. Received: weights={list(weights)!r}"
+            )
+        seen[where] = index
+    names, maps = label_space(manifests)
+    channels = manifests[0].image.channels
+    for manifest in manifests[1:]:
+        theirs = manifest.image.channels
+        if theirs != channels and {theirs, channels} != {1, 3}:
+            raise ChuteError(
+                f"{manifest.location} stores {theirs}-channel images and "
+                f"{manifests[0].location} {channels}-channel ones: mixing converts between "
+                "grayscale (1) and colour (3) only. Received: channels "
+                f"{[m.image.channels for m in manifests]}"
+            )
+    if steps is not None:
+        epoch_steps([1], [1.0], 1, steps)  # checked: a positive integer
+    manifests[0] = manifests[0].with_classes(names)
+    return Mixture(
+        tuple(manifests), tuple(float(x) for x in shares), tuple(names), tuple(maps),
+        channels, steps,
+    )  # fmt: skip
 
 
 def label_space(manifests: Sequence[Manifest]) -> tuple[list[str], list[np.ndarray]]:

@@ -239,10 +239,9 @@ class Batches:
         return mine
 
     def __getitem__(self, number: int):
-        plan = self.plan
         records = self.records_of(number)
         rng = None
-        if plan.training:
+        if self.plan.training:
             epoch, batch = divmod(int(number), self.steps)
             # One generator per batch: a batch's crops do not depend on which worker made it.
             key = [self.seed, epoch, self.share.index, batch]
@@ -250,6 +249,16 @@ class Batches:
             if epoch == self.offset[0] and self.offset[1]:
                 key.append(self.offset[1])
             rng = np.random.default_rng(key)
+        return self.finish(*self.fill(records, rng))
+
+    def fill(
+        self, records: np.ndarray, rng: np.random.Generator | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(images, labels, weights)`` of ``records`` (record numbers; -1: padding) as
+        stored in this split's classes, before :class:`Finish`: uint8 images of the plan's
+        shape, int64 labels (multi-label: 0/1 float rows), float32 weights. Training's
+        crops and flips are drawn from ``rng``, in slot order (None: evaluation's pixels)."""
+        plan = self.plan
         images = np.zeros((len(records), *plan.shape), np.uint8)
         if plan.multi_label:  # a 0/1 row per image (padding: all 0)
             labels = np.zeros((len(records), plan.num_classes), np.float32)
@@ -269,7 +278,7 @@ class Batches:
                 labels[slot] = values["class"]
             if plan.weights:  # the record's own weight (padding never comes with weights)
                 weights[slot] = values["weight"][0]
-        return self.finish(images, labels, weights)
+        return images, labels, weights
 
     def _fast(self, images, labels, slot: int, record: int, rng) -> bool:
         """Batch slot ``slot`` filled from a record in chute's raw layout, with the flip
@@ -344,34 +353,9 @@ def make_dataset(plan: GrainPlan, source: GrainSource, manifest):
     """The Grain dataset of ``plan`` over ``source`` (see the module docstring): a
     ``grain.IterDataset`` whose every ``iter()`` is the next epoch (or the one
     stream :meth:`stream` starts), and whose ``len()`` is the batches of an epoch."""
-    seed, share, split = plan.seed, plan.share, plan.split
-    if seed is None and plan.training and share.pipelines > 1:
-        # Each pipeline takes its share of one global order: a seed drawn by each would
-        # give each its own order, and shares that overlap.
-        seed = shared_seed(manifest, split)
-        log.info(
-            "grain engine: no seed given; the %d input pipelines share seed %d, derived from "
-            "the %s split's shards (the same order every run: pass seed= for another)",
-            share.pipelines,
-            seed,
-            split,
-        )
-    # One pipeline: any seed will do, and it is logged so that a run can be repeated.
-    elif seed is None:
-        seed = int.from_bytes(os.urandom(4), "little")
-        if plan.training:
-            log.info("grain engine: no seed given; this dataset's seed is %d", seed)
-    probabilities = None
-    if plan.sampling is not None:
-        classes = sampling_lib.class_probabilities(manifest, split, plan.sampling)
-        draws = plan.steps * plan.batch_size * share.pipelines  # the epoch's, all pipelines'
-        counts = manifest.split(split).class_counts
-        log.info(
-            "sampling=%r: %s",
-            plan.sampling,
-            sampling_lib.describe(manifest.class_names, classes, counts, draws),
-        )
-        probabilities = _record_probabilities(classes, source)
+    share, split = plan.share, plan.split
+    seed = resolve_seed(plan, lambda: shared_seed(manifest, split))
+    probabilities = record_probabilities(plan, manifest, source)
     shards = manifest.split(split).shards
     window = _window(plan, source, shards)
     batches = Batches(
@@ -396,6 +380,51 @@ def make_dataset(plan: GrainPlan, source: GrainSource, manifest):
         workers,
     )
     return _dataset_class()(batches, workers)
+
+
+def resolve_seed(plan: GrainPlan, shared) -> int:
+    """The seed of ``plan``'s draws: its own; else, for several training pipelines, one
+    every pipeline derives alike (``shared()``); else a new one, logged."""
+    seed, share = plan.seed, plan.share
+    if seed is None and plan.training and share.pipelines > 1:
+        # Each pipeline takes its share of one global order: a seed drawn by each would
+        # give each its own order, and shares that overlap.
+        seed = shared()
+        log.info(
+            "grain engine: no seed given; the %d input pipelines share seed %d, derived from "
+            "the %s split's shards (the same order every run: pass seed= for another)",
+            share.pipelines,
+            seed,
+            plan.split,
+        )
+    # One pipeline: any seed will do, and it is logged so that a run can be repeated.
+    elif seed is None:
+        seed = int.from_bytes(os.urandom(4), "little")
+        if plan.training:
+            log.info("grain engine: no seed given; this dataset's seed is %d", seed)
+    return seed
+
+
+def record_probabilities(
+    plan: GrainPlan, manifest, source: GrainSource, draws: int | None = None
+) -> np.ndarray | None:
+    """Each record's chance of a draw under ``plan.sampling`` (None without), logged with
+    what it does over an epoch of ``draws`` (default: every pipeline's batches; given:
+    one dataset of a mixture, named in the line)."""
+    if plan.sampling is None:
+        return None
+    classes = sampling_lib.class_probabilities(manifest, plan.split, plan.sampling)
+    named = f"{manifest.location}: " if draws is not None else ""
+    if draws is None:
+        draws = plan.steps * plan.batch_size * plan.share.pipelines
+    counts = manifest.split(plan.split).class_counts
+    log.info(
+        "sampling=%r: %s%s",
+        plan.sampling,
+        named,
+        sampling_lib.describe(manifest.class_names, classes, counts, draws),
+    )
+    return _record_probabilities(classes, source)
 
 
 def _window(plan: GrainPlan, source: GrainSource, shards) -> int | None:

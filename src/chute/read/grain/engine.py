@@ -11,8 +11,10 @@ from chute.read import cache as shard_cache
 from chute.read.augment import DeviceAugmentation
 from chute.read.engine import LoadInfo, make_info
 from chute.read.grain.dataset import make_dataset
+from chute.read.grain.mixed import make_mixed_dataset
 from chute.read.grain.plan import GrainPlan, make_plan
 from chute.read.grain.source import GrainSource
+from chute.read.mixture import Mixture
 from chute.read.options import LoadOptions
 from chute.read.share import Share
 
@@ -31,18 +33,33 @@ class GrainEngine:
     ) -> GrainPlan:
         """The plan of this input pipeline: a JAX process's (``input_context``), or the
         whole split in global batches for a ``tf.distribute`` strategy of one host."""
-        replicas = 1
-        if strategy is not None:
-            if _strategy_hosts(strategy) > 1:
-                raise ChuteError(
-                    "engine='grain' under a tf.distribute strategy on several hosts is not "
-                    "supported: use engine='tf', or JAX processes (each reads its share)"
-                )
-            replicas = strategy.num_replicas_in_sync
-        share = Share()
-        if input_context is not None:  # Grain reads only which pipeline of how many
-            share = Share(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        share, replicas = _share(input_context, strategy)
         return make_plan(manifest, split, options, share, replicas)
+
+    def mixed(
+        self,
+        mixture: Mixture,
+        split: str,
+        options: LoadOptions,
+        *,
+        input_context: Any = None,
+        strategy: Any = None,
+        load: Any = None,
+    ) -> tuple[Any, LoadInfo]:
+        """A mixture's Grain dataset for this input pipeline, and its LoadInfo."""
+        share, replicas = _share(input_context, strategy)
+        dataset, plan, mix = make_mixed_dataset(mixture, split, options, share, replicas)
+        info = make_info(
+            mixture.first,
+            options,
+            num_examples=plan.num_examples,
+            steps=len(dataset),
+            global_batch_size=plan.batch_size * share.pipelines,
+            training=True,
+            device_augmentation=DeviceAugmentation(plan.heavy, plan.seed) if plan.heavy else None,
+            mixture=mix,
+        )
+        return dataset, info
 
     def build(
         self, plan: GrainPlan, manifest: Manifest, options: LoadOptions
@@ -61,6 +78,22 @@ class GrainEngine:
             device_augmentation=DeviceAugmentation(plan.heavy, plan.seed) if plan.heavy else None,
         )
         return dataset, info
+
+
+def _share(input_context: Any, strategy: Any) -> tuple[Share, int]:
+    """This input pipeline's share, and the replicas of one host its batches feed."""
+    replicas = 1
+    if strategy is not None:
+        if _strategy_hosts(strategy) > 1:
+            raise ChuteError(
+                "engine='grain' under a tf.distribute strategy on several hosts is not "
+                "supported: use engine='tf', or JAX processes (each reads its share)"
+            )
+        replicas = strategy.num_replicas_in_sync
+    share = Share()
+    if input_context is not None:  # Grain reads only which pipeline of how many
+        share = Share(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    return share, replicas
 
 
 def _strategy_hosts(strategy) -> int:

@@ -131,6 +131,36 @@ class TfEngine:
         )
         return dataset, info
 
+    def mixed(
+        self,
+        mixture: Any,
+        split: str,
+        options: LoadOptions,
+        *,
+        input_context: Any = None,
+        strategy: Any = None,
+        load: Any = None,
+    ) -> tuple[Any, LoadInfo]:
+        """A mixture's tf.data dataset for this input pipeline (each dataset read by
+        ``load``), and its LoadInfo; a ``strategy`` is ``chute.load``'s to deal out."""
+        from chute.read.tf.mixed import make_mixed_dataset
+
+        dataset, device, plan, mix = make_mixed_dataset(
+            mixture, split, options, load=load, input_context=input_context
+        )
+        share = Share.of(input_context)
+        info = make_info(
+            mixture.first,
+            options,
+            num_examples=plan.steps * plan.batch_size,
+            steps=plan.steps,
+            global_batch_size=plan.batch_size * max(share.replicas, 1),
+            training=True,
+            device_augmentation=device,
+            mixture=mix,
+        )
+        return dataset, info
+
 
 def _through_shard_cache(
     plan: ReadPlan, manifest: manifest_lib.Manifest, options: LoadOptions
