@@ -77,12 +77,14 @@ def test_every_batch_holds_each_datasets_share_exactly_where_the_batch_allows(mi
         assert (names == "a").sum() == 6 and (names == "b").sum() == 2
 
 
+@pytest.mark.parametrize("engine", ["grain", "tf"])
 def test_shares_hold_within_one_percent_over_many_batches_of_a_size_that_does_not_divide(
-    mixable,
+    mixable, engine
 ):
+    reading = GRAIN if engine == "grain" else {"engine": "tf"}
     train = chute.load(
         [mixable["a"], mixable["b"], mixable["c"]], weights=[0.6, 0.3, 0.1], batch_size=7,
-        steps=400, seed=5, label_mode=None, **GRAIN,
+        steps=400, seed=5, label_mode=None, **reading,
     )  # fmt: skip
     counts = {"a": 0, "b": 0, "c": 0}
     per_batch = []
@@ -94,8 +96,11 @@ def test_shares_hold_within_one_percent_over_many_batches_of_a_size_that_does_no
     total = 400 * 7
     for name, share in zip(counts, [0.6, 0.3, 0.1], strict=True):
         assert abs(counts[name] / total - share) < 0.01
-    # within one image of each share in every batch (0.7 of c's a batch: 0 or 1)
+    # each share rounded down or up in every batch (0.7 of c's a batch: 0 or 1)
     assert np.all(np.abs(np.array(per_batch) - np.array([4.2, 2.1, 0.7])) < 1)
+    # and the running totals within one image of their shares
+    running = np.cumsum(per_batch, axis=0) - np.outer(np.arange(1, 401), [4.2, 2.1, 0.7])
+    assert np.abs(running).max() < 1 + 1e-9
 
 
 def test_each_dataset_is_drawn_whole_and_anew_on_every_pass_over_it(mixable):
@@ -206,6 +211,11 @@ def test_a_version_per_dataset_reads_each_as_it_was(mixable):
         (lambda p: chute.load([p["a"], p["b"]], "val", engine="grain"), "read for evaluation"),
         (lambda p: chute.load([p["a"], p["b"]], steps=0), "steps=0"),
         (lambda p: chute.load([]), "a list of datasets"),
+        (lambda p: chute.load([p["a"], p["b"]], sampling={"cat": 2}), "'balanced'"),
+        (
+            lambda p: chute.load([p["a"], p["b"]], sample_weights=True, engine="grain"),
+            "sample_weights=True",
+        ),
         (
             lambda p: chute.load([p["a"], p["b"]], data_service="grpc://localhost:1"),
             "not through the tf.data service",
@@ -215,3 +225,54 @@ def test_a_version_per_dataset_reads_each_as_it_was(mixable):
 def test_mixing_refuses_what_it_cannot_read_naming_the_argument(mixable, call, match):
     with pytest.raises(ChuteError, match=match):
         call(mixable)
+
+
+def _tagged(root: Path) -> Path:
+    """A multi-label dataset of 40 16x16 colour images tagged ``stripes`` (bit 1) and
+    ``dots`` (bit 2) in turn, its first pixel 250 and the next one 40 x its bits."""
+    from PIL import Image
+
+    (root / "img").mkdir(parents=True)
+    rows = ["path,labels"]
+    for i in range(40):
+        bits = i % 4
+        image = np.full((16, 16, 3), 30 + i, np.uint8)
+        image[0, 0], image[0, 1] = 250, 40 * bits
+        Image.fromarray(image).save(root / f"img/{i:03d}.png")
+        names = [name for bit, name in ((1, "stripes"), (2, "dots")) if bits & bit]
+        rows.append(f"img/{i:03d}.png,{'|'.join(names)}")
+    (root / "list.csv").write_text("\n".join(rows) + "\n")
+    chute.convert(root / "list.csv", root / "out", allow_empty_labels=True, workers=1)
+    return root / "out"
+
+
+@pytest.mark.parametrize("engine", ["grain", "tf"])
+def test_multi_label_datasets_mix_their_label_columns(multi_label_data, tmp_path, engine):
+    tagged = _tagged(tmp_path)
+    reading = GRAIN if engine == "grain" else {"engine": "tf"}
+    train = chute.load([multi_label_data, tagged], batch_size=8, seed=0, **reading)
+    first = chute.load_manifest(multi_label_data).class_names  # sorted: blue, green, ...
+    assert train.chute.class_names == (*first, "dots") and first[3] == "stripes"
+    theirs = 0
+    for images, labels in _batches(train):
+        assert labels.shape == (8, 5) and labels.dtype == np.float32
+        for image, row in zip(images, labels, strict=True):
+            if image[0, 0, 0] == 250:  # the tagged dataset's: its columns 0, 1 are 3, 4
+                bits = int(image[0, 1, 0]) // 40
+                assert row.tolist() == [0, 0, 0, bits & 1, bits >> 1]
+                theirs += 1
+            else:
+                assert row[4] == 0
+    assert theirs > 0
+
+
+def test_class_counts_of_a_mixture_are_its_expected_draws(mixable):
+    """What class weights (and multi-label positive weights) of a mixed run come from: each
+    class's expected images in as many draws as the first dataset's train split holds."""
+    from chute.read.mixture import mixture_of
+
+    mixture = mixture_of([mixable["a"], mixable["b"]], [0.75, 0.25])
+    counts, examples = mixture.class_counts("train")
+    # a: 90 train images, 30 a class; b: 36, 18 a class; 90 draws: 67.5 of a, 22.5 of b
+    assert examples == 90
+    np.testing.assert_allclose(counts, [22.5, 22.5 + 11.25, 22.5, 11.25])

@@ -114,10 +114,11 @@ def make_loss(
     return keras.losses.SparseCategoricalCrossentropy(reduction=reduction)
 
 
-def multi_label_positives(config: TrainConfig, manifest: Any) -> Any:
+def multi_label_positives(config: TrainConfig, manifest: Any, counts: Any = None) -> Any:
     """A multi-label dataset's per-label positive weights (all 1 unless the config asks
-    ``positive_weights="balanced"``: negatives / positives in the train split); None
-    for a single-label dataset.
+    ``positive_weights="balanced"``: negatives / positives in the train split, or in
+    ``counts``, ``(each label's positives, examples)`` of what training reads: a
+    mixture's); None for a single-label dataset.
 
     Raises:
         ChuteError: ``positive_weights`` for a single-label dataset, or
@@ -137,8 +138,10 @@ def multi_label_positives(config: TrainConfig, manifest: Any) -> Any:
             "whole image; pass positive_weights='balanced' (each label's positives "
             f"weighed). Received: class_weights={config.class_weights!r}"
         )
-    train = manifest.split("train")
-    weights = multilabel.positive_weights(train.class_counts, train.examples)
+    if counts is None:
+        train = manifest.split("train")
+        counts = (train.class_counts, train.examples)
+    weights = multilabel.positive_weights(*counts)
     if config.positive_weights is not None:
         log.info(
             "positive weights from %.3g to %.3g (negatives / positives per label)",

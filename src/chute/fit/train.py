@@ -98,6 +98,7 @@ class _Inputs:
     val_weighted: bool = False  # validation batches are padded, with weights (0: padding)
     positives: Any = None  # multi-label: each label's positive weight (None: single-label)
     mixture: Any = None  # with --mix: the training data's MixInfo (images of each an epoch)
+    class_counts: tuple[float, ...] = ()  # each class's examples in what training reads
     # multi-label: which labels the monitored split (val, else train) has a positive of
     labels_present: Any = None
 
@@ -405,7 +406,12 @@ def _inputs(
         config.batch_size,
         devices.replicas,
     )
-    positives = multi_label_positives(config, manifest)  # before any reading: fails fast
+    # each class's examples in what training reads (a mixture: expected, by its shares)
+    if mixture is not None:
+        counts = mixture.class_counts("train")
+    else:
+        counts = (manifest.split("train").class_counts, manifest.num_examples("train"))
+    positives = multi_label_positives(config, manifest, counts)  # before reading: fails fast
     weighted = manifest.weighted and config.load.sample_weights is not False
     if config.class_weights is not None and weighted:
         raise ChuteError(
@@ -460,6 +466,7 @@ def _inputs(
         positives=positives,
         labels_present=_labels_present(manifest, "val" if val is not None else "train"),
         mixture=info_of(train).mixture,
+        class_counts=tuple(float(n) for n in counts[0]),
     )
 
 
@@ -586,7 +593,7 @@ def _fit_phases(model, devices: Devices, inputs: _Inputs, config, manifest, run,
     class_weight = None
     if config.class_weights == "balanced":
         # At least 1: a class without examples would otherwise divide by zero.
-        counts = np.maximum(1, np.asarray(manifest.split("train").class_counts, float))
+        counts = np.maximum(1, np.asarray(inputs.class_counts, float))
         class_weight = dict(enumerate(counts.sum() / (manifest.num_classes * counts)))
     history: dict[str, list[float]] = {}
     seconds: list[float] = []

@@ -69,6 +69,30 @@ class Mixture:
         the mixture's, its image spec the one the others are brought to."""
         return self.manifests[0]
 
+    def labels_of(self, index: int) -> np.ndarray:
+        """The mixture's label of each label dataset ``index`` is read with (the first
+        dataset, widened to the mixture's classes, keeps every label)."""
+        if index == 0:
+            return np.arange(self.manifests[0].num_classes, dtype=np.int64)
+        return self.maps[index]
+
+    def class_counts(self, split: str) -> tuple[np.ndarray, int]:
+        """``(each class's examples, examples)`` expected in as many draws of the mixture
+        as the first dataset's ``split`` holds: what class weights are computed from
+        (a multi-label mixture: each label's positives).
+
+        Example:
+            >>> mixture_of(["pets", "wild"], [0.5, 0.5]).class_counts("train")  # doctest: +SKIP
+            (array([50., 25., 25.]), 100)
+        """
+        examples = self.first.num_examples(split)
+        counts = np.zeros(len(self.class_names))
+        for index, (manifest, share) in enumerate(zip(self.manifests, self.shares, strict=True)):
+            theirs = np.asarray(manifest.split(split).class_counts, np.float64)
+            held = max(1, manifest.num_examples(split))
+            np.add.at(counts, self.labels_of(index), share * examples * theirs / held)
+        return counts, examples
+
     def epoch_steps(self, split: str, global_batch: int) -> int:
         """Batches of a mixed epoch of ``global_batch`` images (see :func:`epoch_steps`)."""
         return epoch_steps([self.first.num_examples(split)], self.shares, global_batch, self.steps)
@@ -178,6 +202,25 @@ class Schedule:
         datasets = np.repeat(np.arange(self.counts.shape[1]), self.counts[batch])
         rng = np.random.default_rng([seed, epoch, batch, _MIX_KEY])
         return datasets[rng.permutation(len(datasets))]
+
+
+def reading_options(options: Any) -> Any:
+    """``LoadOptions`` for reading a mixture: no sample weights, as its batches are
+    ``(images, labels)`` (a weighted dataset's weights are left out unless asked for,
+    which is refused); class sampling ``"balanced"`` only (within each dataset: weights
+    by class would have to say which dataset's class they weigh).
+    """
+    if options.sampling not in (None, "balanced"):
+        raise ChuteError(
+            "A mixture of datasets samples classes 'balanced' (within each dataset) or "
+            f"not at all. Received: sampling={options.sampling!r}"
+        )
+    if options.sample_weights:
+        raise ChuteError(
+            "Sample weights are not read from a mixture of datasets: its batches are "
+            "(images, labels). Received: sample_weights=True"
+        )
+    return dataclasses.replace(options, sample_weights=False)
 
 
 def mixture_of(
@@ -316,12 +359,13 @@ def _weights(weights: Sequence[float]) -> np.ndarray:
 def batch_counts(weights: Sequence[float], batch_size: int, steps: int) -> np.ndarray:
     """Images of each dataset in each of ``steps`` batches (``steps x datasets``).
 
-    Each batch gives every dataset the whole part of what it is owed (its share of the
-    batch plus what earlier batches owe it) and the images left over to the datasets
-    owed the largest fractions (ties: the earlier dataset). So every batch holds exactly
-    ``batch_size`` images; when every dataset's share of a batch is whole, every batch
-    holds exactly those shares; and after any number of batches each dataset stays
-    within about one image of its share (measured: at most 0.84 over 300 random mixes).
+    Every batch gives each dataset its share of the batch rounded down; the images left
+    over (fewer than the datasets) go, batch after batch, to the datasets owed the
+    largest fractions so far (ties: the earlier dataset). So every batch holds exactly
+    ``batch_size`` images and each dataset's share rounded down or up (exactly its share
+    when that is whole), and after any number of batches each dataset stays within one
+    image of its share. Each dataset's count in a batch takes at most two values, which
+    lets a reader batch each dataset on its own (:mod:`chute.read.tf.mixed`).
 
     Raises:
         ChuteError: a weight is not a positive number, or ``batch_size`` is not a
@@ -336,25 +380,20 @@ def batch_counts(weights: Sequence[float], batch_size: int, steps: int) -> np.nd
         raise ChuteError(
             f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}"
         )
-    counts = np.zeros((steps, len(shares)), np.int64)
-    owed = np.zeros(len(shares))  # each dataset's share so far minus its images so far
-    for step in range(steps):
-        target = owed + shares * batch_size
-        # 1e-9 of an image: a whole share summed in floats still counts as whole.
-        whole = np.maximum(0, np.floor(target + 1e-9)).astype(np.int64)
-        left = batch_size - int(whole.sum())
-        # Images left over go to the largest fractions owed; images over the batch (a
-        # dataset ahead of its share gets none, not fewer) are taken from the furthest
-        # ahead that has one. Stable: the earlier dataset first.
-        order = np.argsort(-(target - whole), kind="stable")
-        if left > 0:
-            whole[order[:left]] += 1
-        for index in order[::-1][: max(0, -left) * len(shares)]:
-            if left < 0 and whole[index] > 0:
-                whole[index] -= 1
-                left += 1
-        counts[step] = whole
-        owed = target - whole
+    exact = shares * batch_size
+    # 1e-9 of an image: a whole share summed in floats still counts as whole.
+    base = np.floor(exact + 1e-9).astype(np.int64)
+    left = batch_size - int(base.sum())  # 0 when every share is whole, else < datasets
+    counts = np.tile(base, (steps, 1))
+    if left > 0:
+        fractions = np.maximum(exact - base, 0.0)
+        owed = np.zeros(len(shares))  # each dataset's fractions so far minus its extras
+        for step in range(steps):
+            target = owed + fractions
+            extra = np.argsort(-target, kind="stable")[:left]  # stable: the earlier first
+            counts[step, extra] += 1
+            owed = target
+            owed[extra] -= 1
     return counts
 
 

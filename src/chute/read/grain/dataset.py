@@ -252,25 +252,35 @@ class Batches:
         return self.finish(*self.fill(records, rng))
 
     def fill(
-        self, records: np.ndarray, rng: np.random.Generator | None
+        self,
+        records: np.ndarray,
+        rng: np.random.Generator | None,
+        into: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        slots: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(images, labels, weights)`` of ``records`` (record numbers; -1: padding) as
         stored in this split's classes, before :class:`Finish`: uint8 images of the plan's
         shape, int64 labels (multi-label: 0/1 float rows), float32 weights. Training's
-        crops and flips are drawn from ``rng``, in slot order (None: evaluation's pixels)."""
+        crops and flips are drawn from ``rng``, in slot order (None: evaluation's pixels).
+        ``into``: arrays of that kind to write into, at rows ``slots`` (a mixture's batch),
+        rather than new ones."""
         plan = self.plan
-        images = np.zeros((len(records), *plan.shape), np.uint8)
-        if plan.multi_label:  # a 0/1 row per image (padding: all 0)
-            labels = np.zeros((len(records), plan.num_classes), np.float32)
+        if into is None:
+            images = np.zeros((len(records), *plan.shape), np.uint8)
+            if plan.multi_label:  # a 0/1 row per image (padding: all 0)
+                labels = np.zeros((len(records), plan.num_classes), np.float32)
+            else:
+                labels = np.zeros(len(records), np.int64)
+            weights = (records >= 0).astype(np.float32)
+            slots = np.arange(len(records))
         else:
-            labels = np.zeros(len(records), np.int64)
-        weights = (records >= 0).astype(np.float32)
-        for slot, record in enumerate(records):
+            images, labels, weights = into
+        for slot, record in zip(slots.tolist(), records.tolist(), strict=True):
             if record < 0:  # padding: zeros, weight 0
                 continue
-            if self._raw is not None and self._fast(images, labels, slot, int(record), rng):
+            if self._raw is not None and self._fast(images, labels, slot, record, rng):
                 continue
-            values = self.source[int(record)]
+            values = self.source[record]
             self._pixels(values, rng, images[slot])
             if plan.multi_label:
                 labels[slot, values["labels"]] = 1

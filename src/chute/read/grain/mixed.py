@@ -56,7 +56,8 @@ class MixedBatches:
         seed: int,
     ):
         self.parts, self.plan, self.seed, self.share = parts, plan, seed, plan.share
-        self.maps, self.steps = mixture.maps, plan.steps
+        self.maps = [mixture.labels_of(index) for index in range(len(parts))]
+        self.steps = plan.steps
         self.schedule = mixture.schedule(plan.split, plan.batch_size * plan.share.pipelines)
         self.finish = dataset_lib.Finish(plan)
         for part in parts:
@@ -115,9 +116,15 @@ class MixedBatches:
             labels = np.zeros((len(records), plan.num_classes), np.float32)
         else:
             labels = np.zeros(len(records), np.int64)
+        weights = np.ones(len(records), np.float32)
         for index, part in enumerate(self.parts):
             taken = np.flatnonzero(datasets == index)
             if not len(taken):
+                continue
+            if part.plan.shape == plan.shape and not plan.multi_label:
+                # straight into the batch (no copy), then its labels into the mixture's
+                part.fill(records[taken], rng, (images, labels, weights), taken)
+                labels[taken] = self.maps[index][labels[taken]]
                 continue
             theirs, their_labels, _ = part.fill(records[taken], rng)
             images[taken] = to_channels(theirs, plan.shape[2])
@@ -125,7 +132,7 @@ class MixedBatches:
                 labels[np.ix_(taken, self.maps[index])] = their_labels
             else:
                 labels[taken] = self.maps[index][their_labels]
-        return self.finish(images, labels, np.ones(len(records), np.float32))
+        return self.finish(images, labels, weights)
 
     def fetch_ahead(self, start: StreamPosition) -> None:
         """Asks each dataset's shard cache (a bucket's) for what it reads first."""
@@ -146,17 +153,13 @@ def make_mixed_dataset(
             read from one of the datasets.
     """
     first = mixture.first
+    options = mixture_lib.reading_options(options)
     plan = make_plan(first, split, options, share, replicas)
     if not plan.training:
         raise ChuteError(
             f"`weights` mix training draws; split {split!r} is read for evaluation (every "
             "example once): load each dataset's split on its own. Received: "
             f"split={split!r}, training={options.training!r}"
-        )
-    if plan.weights:
-        raise ChuteError(
-            "Sample weights are not read from a mixture of datasets: its batches are "
-            "(images, labels). Received: sample_weights=True"
         )
     global_batch = plan.batch_size * share.pipelines
     plan = dataclasses.replace(

@@ -1,14 +1,15 @@
 """``chute.load([a, b], weights=[...])`` on the tf.data engine: several datasets' training
-examples chosen into batches by the mixture's schedule.
+batches regrouped into mixed batches by the mixture's schedule.
 
 Each dataset is read by the tf.data engine's own pipeline (its shards, shuffle, crops and
-flips at the mixture's size, repeated without end), its examples unbatched, their labels
-put in the mixture's label space and their images in its channels. A choice stream made
-from :func:`chute.read.mixture.batch_counts` (every batch's images of each dataset, dealt
-in a random order) picks from them (``tf.data.Dataset.choose_from_datasets``), so every
-batch holds each dataset's share exactly where the batch allows. Heavy augmentations and
-the label mode apply to the mixed batches. Under a ``tf.distribute`` strategy each input
-pipeline mixes its own batches (each replica's batch is composed by the schedule).
+flips at the mixture's size, repeated without end), a batch at a time put in the
+mixture's label space and channels, then regrouped (``Dataset.rebatch`` with the
+schedule's counts, :func:`chute.read.mixture.batch_counts`) into its part of each mixed
+batch in turn: tensors sliced and joined, no step per image, so a mixture reads as fast as
+its datasets. The parts of a batch are joined and dealt to its slots in a keyed random
+order. Every batch holds each dataset's share rounded down or up (exactly, where it is
+whole). Heavy augmentations and the label mode apply to the mixed batches. Under a
+``tf.distribute`` strategy each input pipeline mixes its own batches.
 
 Example:
     >>> train = chute.load(["pets", "wild"], weights=[0.75, 0.25])  # doctest: +SKIP
@@ -76,6 +77,7 @@ def make_mixed_dataset(
         ChuteError: the split is read for evaluation, or what the options ask cannot be
             read from one of the datasets, or with mixing.
     """
+    options = mixture_lib.reading_options(options)
     aim = target(mixture.first, split, options)
     if not aim.training:
         raise ChuteError(
@@ -93,11 +95,6 @@ def make_mixed_dataset(
             "`skip_corrupt` is not supported for a mixture of datasets: its batches are "
             "composed by a schedule. Received: skip_corrupt=True"
         )
-    if aim.weights:
-        raise ChuteError(
-            "Sample weights are not read from a mixture of datasets: its batches are "
-            "(images, labels). Received: sample_weights=True"
-        )
     share = Share.of(input_context)
     batch_size = options.batch_size
     global_steps = mixture.epoch_steps(split, batch_size * max(share.replicas, 1))
@@ -114,8 +111,11 @@ def make_mixed_dataset(
     spec = options.augment_spec
     parts = []
     for index, manifest in enumerate(mixture.manifests):
+        sizes = plan.counts[:, index]
         theirs = dataclasses.replace(
             options,
+            # read in batches of its largest count (at most its split), regrouped below
+            batch_size=int(max(1, min(sizes.max(), manifest.num_examples(split)))),
             image_size=plan.shape[:2],
             label_mode="multi_hot" if manifest.multi_label else "int",
             dtype="uint8",
@@ -125,17 +125,25 @@ def make_mixed_dataset(
             augment_on="host",
             seed=None if options.seed is None else options.seed + 7919 * index,
         )
-        part = load(manifest, split, theirs, input_context=input_context).unbatch()
-        parts.append(part.map(_into_mixture(plan, manifest, mixture.maps[index])))
+        part = load(manifest, split, theirs, input_context=input_context)
+        # Brought into the mixture a batch at a time (one call per batch, not per image),
+        # then regrouped into its count of each mixed batch in turn (tensors sliced and
+        # joined: no work per image).
+        into = _into_mixture(plan, manifest, mixture.labels_of(index))
+        part = part.map(into, num_parallel_calls=tf.data.AUTOTUNE)
+        parts.append(part.rebatch(tf.constant(sizes, tf.int64)))
     seed = options.seed
-    choices = tf.data.Dataset.from_tensor_slices(_choices(plan.counts, seed)).repeat()
-    ds = tf.data.Dataset.choose_from_datasets(parts, choices)
-    ds = ds.batch(batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE)
+    if seed is None:  # one order of slots for this dataset, drawn now
+        seed = int(np.random.default_rng().integers(1 << 31))
+    numbers = tf.data.Dataset.counter()
+    ds = tf.data.Dataset.zip(tuple(parts), numbers).map(
+        _dealt(batch_size, seed), num_parallel_calls=tf.data.AUTOTUNE
+    )
     heavy = spec.heavy
     device = None
     if heavy and options.augment_on == "device":
         device = DeviceAugmentation(heavy, seed)
-    ds = _finished(ds, plan, () if device else heavy, options.dtype, seed)
+    ds = _finished(ds, plan, () if device else heavy, options.dtype, options.seed)
     ds = ds.take(steps)
     ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
     ds = ds.repeat() if options.repeat else ds
@@ -153,17 +161,25 @@ def make_mixed_dataset(
     return ds, device, plan, info
 
 
-def _choices(counts: np.ndarray, seed: int | None) -> np.ndarray:
-    """The dataset of each example of an epoch, batch after batch: each batch's images
-    of each dataset (``counts``), dealt in a random order."""
-    rng = np.random.default_rng(seed)
-    rows = [rng.permutation(np.repeat(np.arange(counts.shape[1]), row)) for row in counts]
-    return np.concatenate(rows).astype(np.int64)
+def _dealt(batch_size: int, seed: int):
+    """``((each dataset's images, labels), batch number) -> (images, labels)``: one
+    mixed batch, its images dealt to the slots in an order keyed by ``(seed, number)``
+    (so that each replica's part of it holds every dataset in about its share)."""
+
+    def deal(parts, number):
+        images = tf.concat([images for images, _ in parts], axis=0)
+        labels = tf.concat([labels for _, labels in parts], axis=0)
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(batch_size), seed=tf.stack([tf.constant(seed, tf.int64), number])
+        )
+        return tf.gather(images, order), tf.gather(labels, order)
+
+    return deal
 
 
 def _into_mixture(plan: MixedPlan, manifest, labels: np.ndarray):
-    """``(image, label) -> (image, label)`` in the mixture's channels and label space (a
-    multi-label row widened to its columns; a class looked up)."""
+    """``(images, labels) -> (images, labels)``, a batch in the mixture's channels and
+    label space (multi-label rows widened to its columns; classes looked up)."""
     theirs = manifest.image.channels
     if plan.multi_label:
         # a dataset's label columns scattered into the mixture's
@@ -173,15 +189,15 @@ def _into_mixture(plan: MixedPlan, manifest, labels: np.ndarray):
     else:
         lookup = tf.constant(labels, tf.int64)
 
-    def into(image, label):
+    def into(images, labels):
         if theirs == 1 and plan.shape[2] == 3:
-            image = tf.repeat(image, 3, axis=-1)
+            images = tf.repeat(images, 3, axis=-1)
         elif theirs == 3 and plan.shape[2] == 1:
-            weighted = tf.tensordot(tf.cast(image, tf.int32), tf.constant(LUMA, tf.int32), 1)
-            image = tf.cast(tf.bitwise.right_shift(weighted + 32768, 16), tf.uint8)[..., None]
+            weighted = tf.tensordot(tf.cast(images, tf.int32), tf.constant(LUMA, tf.int32), 1)
+            images = tf.cast(tf.bitwise.right_shift(weighted + 32768, 16), tf.uint8)[..., None]
         if plan.multi_label:
-            return image, tf.linalg.matvec(spread, tf.cast(label, tf.float32), transpose_a=True)
-        return image, tf.gather(lookup, tf.cast(label, tf.int64))
+            return images, tf.matmul(tf.cast(labels, tf.float32), spread)
+        return images, tf.gather(lookup, tf.cast(labels, tf.int64))
 
     return into
 
