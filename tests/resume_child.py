@@ -2,8 +2,8 @@
 again through a series of simulated kills, and prints what it found as one JSON line.
 
 Usage: ``python resume_child.py DATA ROOT PLANS`` (``KERAS_BACKEND`` chooses the backend).
-``PLANS`` is JSON: ``{name: {"engine": "grain" | "tf", "attempts": [attempt, ...]}}``, an
-attempt one of
+``PLANS`` is JSON: ``{name: {"engine": "grain" | "tf", "attempts": [attempt, ...]}}`` (and
+``"mix": "PATH=WEIGHT"``: another dataset mixed in, ``chute train --mix``), an attempt one of
 
 - ``{"batches": n}``: the run dies after its n-th batch (after that batch's backup, if any);
 - ``{"in_weights": k}``: it dies inside its k-th weights write, the file half written
@@ -93,7 +93,7 @@ def dying_state(k: int):
     return write_atomic
 
 
-def attempt(run: Path, engine: str, how: dict) -> bool:
+def attempt(run: Path, engine: str, how: dict, mix: str | None = None) -> bool:
     """One run of the plan; True if it was killed."""
     if how.get("corrupt"):
         state = json.loads((run / "backup" / "state.json").read_text())
@@ -107,7 +107,7 @@ def attempt(run: Path, engine: str, how: dict) -> bool:
         storage.write_atomic = dying_state(how["in_state"])
     keras.backend.clear_session()  # each run builds its model afresh, as a new process would
     try:
-        chute.train(data, run, **OPTIONS, load={"engine": engine, "workers": 0})
+        chute.train(data, run, **OPTIONS, mix=mix, load={"engine": engine, "workers": 0})
         return False
     except Killed:
         return True
@@ -124,26 +124,30 @@ def weights(run: Path) -> list[np.ndarray]:
 # engine reads an interrupted epoch again from its first batch, so its weights differ from
 # an uninterrupted run's by design (its plans check epochs and history, not weights).
 whole = {}
-for engine in sorted({plan["engine"] for plan in plans.values()} & {"grain"}):
-    attempt(root / f"whole-{engine}", engine, {})
-    whole[engine] = weights(root / f"whole-{engine}")
+for engine, mix in sorted(
+    {
+        (plan["engine"], plan.get("mix") or "")
+        for plan in plans.values()
+        if plan["engine"] == "grain"
+    }
+):
+    attempt(root / f"whole-{engine}-{len(whole)}", engine, {}, mix or None)
+    whole[engine, mix] = weights(root / f"whole-{engine}-{len(whole)}")
 results = {}
 for name, plan in plans.items():
     run, began[:] = root / name, []
     killed, left, starts = [], [], []
     for how in [*plan["attempts"], {}]:
         starts.append(len(began))
-        killed.append(attempt(run, plan["engine"], how))
+        killed.append(attempt(run, plan["engine"], how, plan.get("mix")))
         backup = run / "backup"
         left.append(sorted(p.name for p in backup.iterdir()) if backup.is_dir() else [])
     ends = [*starts[1:], len(began)]
     results[name] = {
         "killed": killed,
         "left": left,
-        "same": plan["engine"] in whole
-        and all(
-            np.array_equal(a, b) for a, b in zip(whole[plan["engine"]], weights(run), strict=True)
-        ),
+        "same": (key := (plan["engine"], plan.get("mix") or "")) in whole
+        and all(np.array_equal(a, b) for a, b in zip(whole[key], weights(run), strict=True)),
         "began": [began[a:b] for a, b in zip(starts, ends, strict=True)],
         "history": json.loads((run / "history.json").read_text()),
         "csv_rows": len((run / "history.csv").read_text().strip().splitlines()),

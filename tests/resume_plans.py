@@ -59,6 +59,25 @@ def resume_shards(tmp_path_factory) -> Path:
     return once_per_run(tmp_path_factory, "grain-shards", build) / "shards"
 
 
+def mix_shards(tmp_path_factory) -> Path:
+    """A second dataset to mix into :func:`resume_shards`' (``chute train --mix``): classes
+    ``c`` (its 30 images) and a new one, ``d`` (18), RGB 24x32 JPEG shards, train 36."""
+
+    def build(root: Path) -> None:
+        rng = np.random.default_rng(1)
+        for name, count in (("c", 30), ("d", 18)):
+            for index in range(count):
+                pixels = rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)
+                pixels[:, :, 2 if name == "c" else 1] = 200
+                write_image(root / "src" / name / f"{index:03d}.png", pixels)
+        chute.convert(
+            root / "src", root / "shards", image_size=(24, 32), resize="crop", encoding="jpeg",
+            val_fraction=0.25, min_shards=4, workers=1,
+        )  # fmt: skip
+
+    return once_per_run(tmp_path_factory, "mix-shards", build) / "shards"
+
+
 def run_resume_child(shards: Path, root: Path, backend: str, plans: dict) -> dict:
     """tests/resume_child.py on ``backend``: uninterrupted runs, then each plan's kills."""
     env = {**os.environ, "KERAS_BACKEND": backend, "CUDA_VISIBLE_DEVICES": ""}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from resume_plans import PLANS, TWICE, check_resumed, resume_shards
+from resume_plans import PLANS, TWICE, check_resumed, mix_shards, resume_shards
 
 import chute
 from chute import ChuteError
@@ -155,14 +155,20 @@ def test_what_the_grain_engine_cannot_do_is_refused(shards):
 
 @pytest.mark.slow
 @pytest.mark.timeout(800)
-def test_a_run_killed_any_number_of_times_resumes_on_the_next_batch(shards, tmp_path):
+def test_a_run_killed_any_number_of_times_resumes_on_the_next_batch(
+    shards, tmp_path, tmp_path_factory
+):
     """Killed three times at different steps (mid-epoch, inside resumed epochs), inside
     each backup write and with its newest backup damaged: each run ends with an
     uninterrupted run's weights, bit for bit (the same batches, learning rate, optimizer
-    step and dropout draws), with each epoch in its history once; the tf.data engine,
-    killed twice, resumes the epoch of its last kill (JAX: tests/fit/test_resume_jax.py)."""
+    step and dropout draws), with each epoch in its history once; so does a mixture of
+    two datasets killed twice; the tf.data engine, killed twice, resumes the epoch of its
+    last kill (JAX: tests/fit/test_resume_jax.py)."""
     plans = {name: {"engine": "grain", "attempts": attempts} for name, attempts in PLANS.items()}
     plans["tf twice"] = {"engine": "tf", "attempts": TWICE}
+    # a mixture of two datasets (chute train --mix), killed twice: its batches resume too
+    mixed = f"{mix_shards(tmp_path_factory)}=0.25"
+    plans["mixed twice"] = {"engine": "grain", "attempts": TWICE, "mix": mixed}
     check_resumed(shards, tmp_path, "tensorflow", plans)
 
 

@@ -276,3 +276,30 @@ def test_class_counts_of_a_mixture_are_its_expected_draws(mixable):
     # a: 90 train images, 30 a class; b: 36, 18 a class; 90 draws: 67.5 of a, 22.5 of b
     assert examples == 90
     np.testing.assert_allclose(counts, [22.5, 22.5 + 11.25, 22.5, 11.25])
+
+
+@pytest.mark.parametrize("engine", ["grain", "tf"])
+def test_a_dataset_in_a_bucket_mixes_with_a_local_one(mixable, s3_endpoint, tmp_path, engine):
+    """b in S3 (moto on 127.0.0.1), read through the verified shard cache, mixed with a
+    local a: the same batches as with both local."""
+    import os
+
+    from object_stores import new_s3_bucket
+
+    from chute.format import storage
+
+    bucket = new_s3_bucket(s3_endpoint) + "/b"
+    for top, _, files in os.walk(mixable["b"]):
+        for name in files:
+            relative = os.path.relpath(os.path.join(top, name), mixable["b"])
+            storage.copy(os.path.join(top, name), f"{bucket}/{relative}")
+    reading = GRAIN if engine == "grain" else {"engine": "tf"}
+    options = dict(weights=[0.75, 0.25], batch_size=8, seed=6, **reading)
+    remote = _batches(
+        chute.load([mixable["a"], bucket], cache_dir=str(tmp_path / "cache"), **options)
+    )
+    here = _batches(chute.load([mixable["a"], mixable["b"]], **options))
+    assert len(remote) == len(here) == 15
+    for (images, labels), (local_images, local_labels) in zip(remote, here, strict=True):
+        np.testing.assert_array_equal(images, local_images)
+        np.testing.assert_array_equal(labels, local_labels)

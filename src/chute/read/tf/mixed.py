@@ -131,7 +131,9 @@ def make_mixed_dataset(
         # joined: no work per image).
         into = _into_mixture(plan, manifest, mixture.labels_of(index))
         part = part.map(into, num_parallel_calls=tf.data.AUTOTUNE)
-        parts.append(part.rebatch(tf.constant(sizes, tf.int64)))
+        # (Read in batches of its count when that never changes: nothing to regroup.)
+        whole = sizes.min() == sizes.max() == theirs.batch_size
+        parts.append(part if whole else part.rebatch(tf.constant(sizes, tf.int64)))
     seed = options.seed
     if seed is None:  # one order of slots for this dataset, drawn now
         seed = int(np.random.default_rng().integers(1 << 31))
@@ -163,16 +165,19 @@ def make_mixed_dataset(
 
 def _dealt(batch_size: int, seed: int):
     """``((each dataset's images, labels), batch number) -> (images, labels)``: one
-    mixed batch, its images dealt to the slots in an order keyed by ``(seed, number)``
-    (so that each replica's part of it holds every dataset in about its share)."""
+    mixed batch, each dataset's images placed in slots drawn at random, keyed by ``(seed,
+    number)`` (so that each replica's part of a batch holds every dataset in about its
+    share), in one copy (``tf.dynamic_stitch``)."""
 
     def deal(parts, number):
-        images = tf.concat([images for images, _ in parts], axis=0)
-        labels = tf.concat([labels for _, labels in parts], axis=0)
         order = tf.random.experimental.stateless_shuffle(
             tf.range(batch_size), seed=tf.stack([tf.constant(seed, tf.int64), number])
         )
-        return tf.gather(images, order), tf.gather(labels, order)
+        sizes = [tf.shape(labels)[0] for _, labels in parts]
+        slots = tf.split(order, tf.stack(sizes)) if len(parts) > 1 else [order]
+        images = tf.dynamic_stitch(slots, [images for images, _ in parts])
+        labels = tf.dynamic_stitch(slots, [labels for _, labels in parts])
+        return images, labels
 
     return deal
 
