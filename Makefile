@@ -10,7 +10,7 @@ BIN = $(VENV)/bin
 # pytest-xdist workers: one per core (CI machines have 2).
 WORKERS ?= auto
 
-.PHONY: demo test test-fast lint format docs docs-screenshot package-check bench bench-remote bench-peers bench-scale bench-epochs bench-accuracy clean
+.PHONY: demo test test-fast lint format docs docs-screenshot package-check bench bench-remote bench-peers bench-scale bench-mix bench-epochs bench-accuracy clean
 
 # Everything the tests, the linters and package-check need; [dev] holds the demo's TensorFlow
 # too, so the demo's stamp is made with it.
@@ -105,6 +105,11 @@ bench-peers: $(BIN)/.installed
 bench-scale: $(BIN)/.installed
 	mkdir -p benchmarks/results
 	$(BIN)/python benchmarks/bench_scale.py --json benchmarks/results/scale.json
+
+# Issue #42: a mixture of datasets against the largest alone, both engines (~12 minutes).
+bench-mix: $(BIN)/.installed
+	mkdir -p benchmarks/results
+	$(BIN)/python benchmarks/bench_mix.py --rounds 3 --json benchmarks/results/mix.json
 
 # The cost of each epoch in a user's own model.fit, quiet and under load.
 bench-epochs: $(BIN)/.installed

@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from chute.errors import ChuteError
 from chute.fit import position
 from chute.fit.backup import Record
 from chute.fit.position import FitCall, Resume, ResumePoint
@@ -137,3 +138,17 @@ def test_keras_shows_a_resumed_epoch_as_the_phases_and_trains_only_its_rest(caps
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch ")]
     assert shown == ["Epoch 1/3", "Epoch 2/3", "Epoch 3/3"]
     assert began == [0, 1, 2] and int(model.optimizer.iterations) == 2 + 2 * 6
+
+
+def test_a_mixed_run_resumes_only_with_the_global_batch_it_was_backed_up_with():
+    """A mixture's batches are composed for one global batch size: another is refused,
+    naming the --batch-size that makes it on this many replicas; the same one resumes on
+    another number of processes and replicas."""
+    record = Record(1, 10, "w", samples=32, global_batch=16, layout=(1, 2))
+    with pytest.raises(ChuteError, match=r"global batch of 16, now 8 .*--batch-size 4"):
+        _resume(record, fixed_batch=True, layout=(1, 4))
+    with pytest.raises(ChuteError, match="3 replica"):
+        _resume(record, fixed_batch=True, layout=(1, 3))
+    assert _resume(record, layout=(1, 4)).point.batch == 4  # one dataset: at its example
+    kept = Record(1, 10, "w", samples=32, global_batch=8, layout=(1, 2))
+    assert _resume(kept, fixed_batch=True, layout=(1, 8)).point == ResumePoint(1, 4, 32)

@@ -119,6 +119,22 @@ def test_each_dataset_is_drawn_whole_and_anew_on_every_pass_over_it(mixable):
     assert first != second  # a new shuffle each pass
 
 
+def test_an_epoch_shows_every_image_of_the_first_dataset(mixable):
+    # 7 of a's 90 training images a batch: 13 batches, 91 draws of a an epoch
+    train = chute.load(
+        [mixable["a"], mixable["b"]], weights=[0.7, 0.3], batch_size=10, seed=8, **GRAIN
+    )
+    assert len(train) == 13 and train.chute.mixture.images[0] == 91
+    for _ in range(2):
+        seen = {
+            hashlib.sha256(image.tobytes()).hexdigest()
+            for images, _ in _batches(train)
+            for image in images
+            if _origins(image[None])[0][0] == "a"
+        }
+        assert len(seen) == 90  # every one of them, each epoch
+
+
 def test_class_balanced_sampling_balances_within_each_dataset(mixable):
     train = chute.load(
         [mixable["a"], mixable["c"]], weights=[0.5, 0.5], batch_size=8, steps=200, seed=4,
@@ -192,11 +208,21 @@ def test_a_mixture_resumes_only_at_a_batch_of_its_own_global_size(mixable):
         next(iter(train.stream(StreamPosition(0, 1, offset=3))))
 
 
-def test_a_version_per_dataset_reads_each_as_it_was(mixable):
-    train = chute.load(
-        [mixable["a"], mixable["b"]], version=[1, None], batch_size=8, seed=1, **GRAIN
-    )
-    assert train.chute.mixture.examples == (90, 36)
+def test_a_version_per_dataset_reads_each_as_it_was(mixable, tmp_path):
+    import shutil
+
+    grown = tmp_path / "b"
+    shutil.copytree(mixable["b"], grown)
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 40, (20, 8, 8, 3), dtype=np.uint8)
+    x[:, 0, 0, :] = MARKS["b"] + 1  # foxes
+    np.savez(tmp_path / "new.npz", x=x, y=np.zeros(20, int), class_names=np.array(["fox"]))
+    chute.convert(tmp_path / "new.npz", grown, append=True, workers=1)
+    assert chute.load_manifest(grown).version == 2
+    both = [mixable["a"], grown]
+    latest = chute.load(both, batch_size=8, seed=1, **GRAIN)
+    then = chute.load(both, version=[None, 1], batch_size=8, seed=1, **GRAIN)
+    assert latest.chute.mixture.examples == (90, 51) and then.chute.mixture.examples == (90, 36)
 
 
 @pytest.mark.parametrize(
@@ -204,12 +230,16 @@ def test_a_version_per_dataset_reads_each_as_it_was(mixable):
     [
         (lambda p: chute.load([p["a"], p["b"]], weights=[1]), "one positive number per dataset"),
         (lambda p: chute.load([p["a"], p["b"]], weights=[1, -1]), r"weights=\[1, -1\]"),
-        (lambda p: chute.load([p["a"], p["a"]]), "mixed in twice"),
+        (lambda p: chute.load([p["a"], f"{p['a']}/"]), "mixed in twice"),
         (lambda p: chute.load(p["a"], weights=[1]), "pass a list of them"),
         (lambda p: chute.load([p["a"], p["b"]], version=1), "one version"),
         (lambda p: chute.load([p["a"], p["b"]], "val"), "read for evaluation"),
         (lambda p: chute.load([p["a"], p["b"]], "val", engine="grain"), "read for evaluation"),
         (lambda p: chute.load([p["a"], p["b"]], steps=0), "steps=0"),
+        (
+            lambda p: chute.load([p["a"], p["b"]], skip_corrupt=True, engine="grain"),
+            "skip_corrupt=True",
+        ),
         (lambda p: chute.load([]), "a list of datasets"),
         (lambda p: chute.load([p["a"], p["b"]], sampling={"cat": 2}), "'balanced'"),
         (
@@ -225,6 +255,19 @@ def test_a_version_per_dataset_reads_each_as_it_was(mixable):
 def test_mixing_refuses_what_it_cannot_read_naming_the_argument(mixable, call, match):
     with pytest.raises(ChuteError, match=match):
         call(mixable)
+
+
+def test_a_mixture_has_static_batch_shapes_on_both_engines(mixable, multi_label_data, tmp_path):
+    """(TPU/XLA compile for them): the images-alone path, and the batch path that
+    regroups (raw pixels, multi-label)."""
+    reads = [
+        chute.load([mixable["a"], mixable["b"]], weights=[0.7, 0.3], batch_size=10),
+        chute.load([multi_label_data, _tagged(tmp_path)], weights=[0.7, 0.3], batch_size=10),
+        chute.load([mixable["a"], mixable["b"]], weights=[0.7, 0.3], batch_size=10, augment="crop"),
+    ]
+    for train in reads:
+        images, labels = train.element_spec
+        assert images.shape[0] == 10 and labels.shape[0] == 10
 
 
 def _tagged(root: Path) -> Path:
@@ -303,3 +346,20 @@ def test_a_dataset_in_a_bucket_mixes_with_a_local_one(mixable, s3_endpoint, tmp_
     for (images, labels), (local_images, local_labels) in zip(remote, here, strict=True):
         np.testing.assert_array_equal(images, local_images)
         np.testing.assert_array_equal(labels, local_labels)
+
+
+def test_an_input_pipeline_that_holds_none_of_a_dataset_is_named(mixable):
+    # 40 tf.data input pipelines: b's 36 training images leave the last ones none
+    context = types.SimpleNamespace(
+        num_input_pipelines=40, input_pipeline_id=39, num_replicas_in_sync=40
+    )
+    with pytest.raises(ChuteError, match=r"mixable/b has no examples to read here"):
+        chute.load([mixable["a"], mixable["b"]], batch_size=2, input_context=context)
+    # each of 4 holds a share (b: 9 images, 20 of them a batch), read in batches of what
+    # it holds at most
+    context = types.SimpleNamespace(
+        num_input_pipelines=4, input_pipeline_id=3, num_replicas_in_sync=4
+    )
+    train = chute.load([mixable["a"], mixable["b"]], weights=[0.5, 0.5], batch_size=40,
+                       input_context=context)  # fmt: skip
+    assert len(train) == 2 and len(_batches(train)) == 2

@@ -34,6 +34,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from chute.errors import ChuteError
 from chute.fit.backup import Backup, Record
 from chute.lazy import keras
 from chute.read.stream import StreamPosition
@@ -221,12 +222,27 @@ class Resume:
         engine: str = "grain",
         repeated: bool = True,
         layout: tuple[int, int] | None = None,
+        fixed_batch: bool = False,
     ):
         self.store, self.steps, self.epochs = store, steps, epochs
         self.global_batch, self.layout = global_batch, layout
         self.first_epoch, self.repeated = first_epoch, repeated
         # every process reads the record (on several JAX processes, the chief's copy)
         self.record = store.latest()
+        was = self.record.global_batch if self.record is not None else None
+        if fixed_batch and was and was != global_batch:
+            # A mixture's batches are composed for one global batch size (chute.read.mixture).
+            replicas = layout[1] if layout else 1
+            raise ChuteError(
+                f"This run mixes datasets, and each of its batches is composed for its global "
+                f"batch size: it was backed up with a global batch of {was}, now {global_batch}"
+                f" ({replicas} replica(s)). Pass --batch-size {was // replicas} to resume it"
+                if was % replicas == 0
+                else f"This run mixes datasets, and each of its batches is composed for its "
+                f"global batch size: it was backed up with a global batch of {was}, which "
+                f"{replicas} replica(s) cannot make (now {global_batch}); resume it on a "
+                "number of devices that divides it, or pass --overwrite to start again"
+            )
         # a legacy backup records no step: its weights file's optimizer holds it (the
         # stream's start is needed before fit, which restores the model)
         legacy = self.record is not None and self.record.step == -1

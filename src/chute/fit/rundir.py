@@ -136,7 +136,7 @@ def _differences(run: RunDir, started: dict[str, Any]) -> dict[str, str]:
     if not storage.exists(path):
         return {}
     before = json.loads(storage.read_bytes(path))
-    unrecorded = [key for key in started if key not in before]
+    unrecorded = [key for key in started if key not in before and key not in OPTIONAL]
     if unrecorded:
         log.info(
             "resuming %s without checking %s: an older chute started it and did not record it",

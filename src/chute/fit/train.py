@@ -263,8 +263,7 @@ def _started_with(
         # The Grain engine's backups say where they are in examples of one global order:
         # such a run resumes on another batch size or device count (rundir skips the
         # batch size when both runs record this; an older run's backup counts steps).
-        # (A mixture's batches are composed for one global batch size: not there.)
-        **({"position": "examples"} if config.load.engine == "grain" and not mixture else {}),
+        **({"position": "examples"} if config.load.engine == "grain" else {}),
         # The datasets mixed in: where, their share, and their data (as "data" above).
         **({"mix": _mix_record(mixture)} if mixture is not None else {}),
         # A bucket's split larger than the cache is read in shard blocks sized by these.
@@ -281,14 +280,19 @@ def _mixture(manifest: manifest_lib.Manifest, config: TrainConfig) -> Any:
     (:class:`~chute.read.mixture.Mixture`), the first with the share left; else None."""
     if not config.mix:
         return None
-    from chute.read.mixture import mixture_of
+    from chute.read.mixture import mixture_of, reading_options
 
+    # What a mixture cannot be read with, refused before the run folder is written.
+    reading_options(dataclasses.replace(config.load, data_service=config.data_service))
     for location, _ in config.mix:
         storage.check_location(location, "mix")
     others = [manifest_lib.load(location) for location, _ in config.mix]
     for other in others:
         if other.num_examples("train") == 0:
-            raise ChuteError(f"{other.location} (in `mix`) has no train split to train on")
+            raise ChuteError(
+                f"{other.location} (in `mix`) has no train split to train on. Received: "
+                f"mix={config.mix!r}"
+            )
     weights = [1 - sum(weight for _, weight in config.mix), *(w for _, w in config.mix)]
     mixture = mixture_of([manifest, *others], weights)
     log.info(
@@ -678,6 +682,8 @@ def _fit(
         engine=inputs.engine,
         repeated=inputs.repeated,
         layout=(devices.processes, devices.replicas),
+        # a mixture's batches are composed for one global batch size
+        fixed_batch=inputs.mixture is not None,
     )
     budgets = _budget(config, run, inputs, phase, devices)
     callbacks = [

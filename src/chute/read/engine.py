@@ -57,10 +57,9 @@ class Engine(Protocol):
         *,
         input_context: Any = None,
         strategy: Any = None,
-        load: Any = None,
     ) -> tuple[Any, LoadInfo]:
         """A mixture of datasets (:class:`~chute.read.mixture.Mixture`) read as one, and
-        its :class:`LoadInfo` (with ``mixture``); ``load`` reads one dataset."""
+        its :class:`LoadInfo` (with ``mixture``)."""
         ...
 
 

@@ -142,7 +142,7 @@ def _mixed(mixture: Mixture, split: str, options: LoadOptions, *, input_context,
         return _distributed(mixture, split, options, strategy)
     engine = engine_named(options.engine)
     dataset, info = engine.mixed(
-        mixture, split, options, input_context=input_context, strategy=strategy, load=load
+        mixture, split, options, input_context=input_context, strategy=strategy
     )
     dataset.chute = info
     return dataset

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +35,7 @@ import numpy as np
 
 from chute.errors import ChuteError
 from chute.format import manifest as manifest_lib
+from chute.format import storage
 from chute.format.manifest import Manifest
 
 _MIX_KEY = 3  # a batch's slots are dealt from a generator keyed (seed, epoch, batch, _MIX_KEY)
@@ -210,6 +212,13 @@ def reading_options(options: Any) -> Any:
     which is refused); class sampling ``"balanced"`` only (within each dataset: weights
     by class would have to say which dataset's class they weigh).
     """
+    for name in ("data_service", "skip_corrupt"):
+        if getattr(options, name):
+            raise ChuteError(
+                "A mixture of datasets is read in this process by its schedule: not through "
+                "the tf.data service, nor skipping damaged records. Received: "
+                f"{name}={getattr(options, name)!r}"
+            )
     if options.sampling not in (None, "balanced"):
         raise ChuteError(
             "A mixture of datasets samples classes 'balanced' (within each dataset) or "
@@ -274,11 +283,12 @@ def mixture_of(
         manifests.append(manifest if version is None else manifest.at_version(version))
     seen: dict[str, int] = {}
     for index, manifest in enumerate(manifests):
-        where = manifest.location
+        where = _place(manifest.location)
         if where and where in seen:
             raise ChuteError(
-                f"Dataset {where!r} is mixed in twice (datasets {seen[where]} and {index}): "
-                f"give it once, with the sum of its weights. Received: weights={list(weights)!r}"
+                f"Dataset {manifest.location!r} is mixed in twice (datasets {seen[where]} and "
+                f"{index}): give it once, with the sum of its weights. Received: datasets "
+                f"{[m.location for m in manifests]!r}"
             )
         seen[where] = index
     names, maps = label_space(manifests)
@@ -299,6 +309,13 @@ def mixture_of(
         tuple(manifests), tuple(float(x) for x in shares), tuple(names), tuple(maps),
         channels, steps,
     )  # fmt: skip
+
+
+def _place(location: str) -> str:
+    """Where a dataset is, one way however it was written (``./a``, ``a/``)."""
+    if storage.is_local(location):
+        return os.path.realpath(storage.local_path(location)) if location else ""
+    return location.rstrip("/")
 
 
 def label_space(manifests: Sequence[Manifest]) -> tuple[list[str], list[np.ndarray]]:
@@ -408,9 +425,9 @@ def epoch_steps(
         14
     """
     if steps is not None:
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 1:
             raise ChuteError(f"`steps` must be a positive integer. Received: steps={steps!r}")
-        return steps
+        return int(steps)
     share = _weights(weights)[0] * batch_size
     return max(1, math.ceil(sizes[0] / share))
 

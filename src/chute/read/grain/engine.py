@@ -44,7 +44,6 @@ class GrainEngine:
         *,
         input_context: Any = None,
         strategy: Any = None,
-        load: Any = None,
     ) -> tuple[Any, LoadInfo]:
         """A mixture's Grain dataset for this input pipeline, and its LoadInfo."""
         share, replicas = _share(input_context, strategy)

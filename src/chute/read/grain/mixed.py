@@ -1,6 +1,7 @@
 """``chute.load([a, b], weights=[...], engine="grain")``: several datasets as one stream of
-batches, each batch a pure function of its number, so a mixed run resumes exactly and on
-another number of input pipelines.
+batches, each batch a pure function of its number, so a mixed run resumes exactly, and on
+another number of input pipelines with the same global batch (the same records; crops and
+flips are keyed by pipeline, as for one dataset).
 
 Global batch ``j`` of epoch ``e`` takes ``counts[j, d]`` images from dataset ``d``
 (:class:`~chute.read.mixture.Schedule`): the next ones of that dataset's own sequence of
@@ -60,6 +61,8 @@ class MixedBatches:
         self.steps = plan.steps
         self.schedule = mixture.schedule(plan.split, plan.batch_size * plan.share.pipelines)
         self.finish = dataset_lib.Finish(plan)
+        # An epoch defined by the first dataset (not a number of steps) reads it once.
+        self.aligned = mixture.steps is None
         for part in parts:
             # A dataset's own epoch is every record once (its draws run on across epochs).
             part.per_epoch = len(part.source)
@@ -89,18 +92,24 @@ class MixedBatches:
         records = np.zeros(len(datasets), np.int64)
         for index, part in enumerate(self.parts):
             taken = datasets == index
-            records[taken] = self._draws(part, int(starts[index]), int(taken.sum()))
+            positions = np.arange(starts[index], starts[index] + taken.sum())
+            if index == 0 and self.aligned:
+                # The first dataset's epoch is the mixture's: its draws start anew with each
+                # (the last batch's few beyond its images come from the start of its order).
+                total = len(part.source)
+                within = positions - epoch * int(self.schedule.per_epoch[0])
+                positions = epoch * total + within % total
+            records[taken] = self._draws(part, positions)
         size = self.plan.batch_size
         mine = slice(self.share.index * size, (self.share.index + 1) * size)
         return datasets[mine], records[mine]
 
     @staticmethod
-    def _draws(part: dataset_lib.Batches, start: int, count: int) -> np.ndarray:
-        """Positions ``start .. start + count`` of a dataset's draws: its epochs' orders
-        one after another."""
+    def _draws(part: dataset_lib.Batches, positions: np.ndarray) -> np.ndarray:
+        """The records at ``positions`` of a dataset's draws: its epochs' orders one after
+        another."""
         total = len(part.source)
-        positions = np.arange(start, start + count)
-        found = np.zeros(count, np.int64)
+        found = np.zeros(len(positions), np.int64)
         for epoch in np.unique(positions // total):
             here = positions // total == epoch
             found[here] = part.draw(int(epoch))[positions[here] % total]
@@ -137,9 +146,10 @@ class MixedBatches:
     def fetch_ahead(self, start: StreamPosition) -> None:
         """Asks each dataset's shard cache (a bucket's) for what it reads first."""
         starts = self.schedule.starts(start.epoch, start.batch)
-        for part, first in zip(self.parts, starts, strict=True):
-            if part.source.cache is not None:
-                part.draw(int(first) // len(part.source))  # asks in order of first use
+        for index, (part, first) in enumerate(zip(self.parts, starts, strict=True)):
+            if part.source.cache is not None:  # asks in order of first use
+                aligned = index == 0 and self.aligned  # its epochs are the mixture's
+                part.draw(start.epoch if aligned else int(first) // len(part.source))
 
 
 def make_mixed_dataset(

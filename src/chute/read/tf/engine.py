@@ -139,14 +139,13 @@ class TfEngine:
         *,
         input_context: Any = None,
         strategy: Any = None,
-        load: Any = None,
     ) -> tuple[Any, LoadInfo]:
-        """A mixture's tf.data dataset for this input pipeline (each dataset read by
-        ``load``), and its LoadInfo; a ``strategy`` is ``chute.load``'s to deal out."""
+        """A mixture's tf.data dataset for this input pipeline, and its LoadInfo; a
+        ``strategy`` is ``chute.load``'s to deal out."""
         from chute.read.tf.mixed import make_mixed_dataset
 
         dataset, device, plan, mix = make_mixed_dataset(
-            mixture, split, options, load=load, input_context=input_context
+            mixture, split, options, engine=self, input_context=input_context
         )
         share = Share.of(input_context)
         info = make_info(
@@ -160,6 +159,11 @@ class TfEngine:
             mixture=mix,
         )
         return dataset, info
+
+    @staticmethod
+    def release(plan: ReadPlan) -> None:
+        """Gives back what ``plan`` reserved of the cache budget, for a plan never built."""
+        CACHE_BUDGET.release(plan.cache_bytes)
 
 
 def _through_shard_cache(

@@ -1,14 +1,22 @@
 """``chute.load([a, b], weights=[...])`` on the tf.data engine: several datasets' training
-batches regrouped into mixed batches by the mixture's schedule.
+images put together into batches by the mixture's schedule
+(:func:`chute.read.mixture.batch_counts`: each dataset's share of every batch, rounded
+down or up, exactly when it is whole).
 
 Each dataset is read by the tf.data engine's own pipeline (its shards, shuffle, crops and
-flips at the mixture's size, repeated without end), a batch at a time put in the
-mixture's label space and channels, then regrouped (``Dataset.rebatch`` with the
-schedule's counts, :func:`chute.read.mixture.batch_counts`) into its part of each mixed
-batch in turn: tensors sliced and joined, no step per image, so a mixture reads as fast as
-its datasets. The parts of a batch are joined and dealt to its slots in a keyed random
-order. Every batch holds each dataset's share rounded down or up (exactly, where it is
-whole). Heavy augmentations and the label mode apply to the mixed batches. Under a
+flips at the mixture's size, repeated without end), with its labels put in the mixture's
+label space and its images in its channels. Then, so that an image is copied no more
+than it has to be:
+
+- images decoded one by one (photos, crops): each dataset's images as decoded are
+  chosen into batches by the schedule, each batch's slots dealt at random
+  (``choose_from_datasets``); the batch is the image's one copy, as for one dataset;
+- images decoded in blocks (raw pixels) and multi-label data: each dataset is read in
+  batches, regrouped into its count of each mixed batch in turn (``Dataset.rebatch``:
+  tensors sliced and joined, no step per image), and the parts of a batch placed in
+  slots dealt at random (``tf.dynamic_stitch``, one copy).
+
+Heavy augmentations and the label mode apply to the mixed batches. Under a
 ``tf.distribute`` strategy each input pipeline mixes its own batches.
 
 Example:
@@ -35,6 +43,7 @@ from chute.read.share import Share
 from chute.read.target import target
 from chute.read.tf.host_augment import NAMES as HOST
 from chute.read.tf.host_augment import HostAugmentation
+from chute.read.tf.plan import make_plan
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +73,15 @@ def make_mixed_dataset(
     split: str,
     options: LoadOptions,
     *,
-    load: Any,
+    engine: Any,
     input_context: Any = None,
 ):
     """The tf.data dataset of ``mixture``'s ``split`` for one input pipeline, the
     augmentation left to the device (or None), its plan and its MixInfo.
 
     Args:
-        load: ``chute.load`` (each dataset is read by it).
+        engine: the tf.data engine (:class:`~chute.read.tf.engine.TfEngine`), which
+            plans and builds each dataset's pipeline.
 
     Raises:
         ChuteError: the split is read for evaluation, or what the options ask cannot be
@@ -84,16 +94,6 @@ def make_mixed_dataset(
             f"`weights` mix training draws; split {split!r} is read for evaluation (every "
             "example once): load each dataset's split on its own. Received: "
             f"split={split!r}, training={options.training!r}"
-        )
-    if options.data_service:
-        raise ChuteError(
-            "A mixture of datasets is read in this process, not through the tf.data "
-            f"service. Received: data_service={options.data_service!r}"
-        )
-    if options.skip_corrupt:
-        raise ChuteError(
-            "`skip_corrupt` is not supported for a mixture of datasets: its batches are "
-            "composed by a schedule. Received: skip_corrupt=True"
         )
     share = Share.of(input_context)
     batch_size = options.batch_size
@@ -109,38 +109,14 @@ def make_mixed_dataset(
         training=True,
     )
     spec = options.augment_spec
-    parts = []
-    for index, manifest in enumerate(mixture.manifests):
-        sizes = plan.counts[:, index]
-        theirs = dataclasses.replace(
-            options,
-            # read in batches of its largest count (at most its split), regrouped below
-            batch_size=int(max(1, min(sizes.max(), manifest.num_examples(split)))),
-            image_size=plan.shape[:2],
-            label_mode="multi_hot" if manifest.multi_label else "int",
-            dtype="uint8",
-            sample_weights=False,
-            repeat=True,
-            augment=tuple(item for item in options.augment if item in FUSED),
-            augment_on="host",
-            seed=None if options.seed is None else options.seed + 7919 * index,
-        )
-        part = load(manifest, split, theirs, input_context=input_context)
-        # Brought into the mixture a batch at a time (one call per batch, not per image),
-        # then regrouped into its count of each mixed batch in turn (tensors sliced and
-        # joined: no work per image).
-        into = _into_mixture(plan, manifest, mixture.labels_of(index))
-        part = part.map(into, num_parallel_calls=tf.data.AUTOTUNE)
-        # (Read in batches of its count when that never changes: nothing to regroup.)
-        whole = sizes.min() == sizes.max() == theirs.batch_size
-        parts.append(part if whole else part.rebatch(tf.constant(sizes, tf.int64)))
     seed = options.seed
     if seed is None:  # one order of slots for this dataset, drawn now
         seed = int(np.random.default_rng().integers(1 << 31))
-    numbers = tf.data.Dataset.counter()
-    ds = tf.data.Dataset.zip(tuple(parts), numbers).map(
-        _dealt(batch_size, seed), num_parallel_calls=tf.data.AUTOTUNE
-    )
+    parts = _parts(engine, mixture, split, options, plan, input_context)
+    if all(part.per_image and not part.multi_label for part, _ in parts):
+        ds = _by_image(engine, mixture, parts, plan, seed)
+    else:
+        ds = _by_batch(engine, mixture, parts, plan, seed)
     heavy = spec.heavy
     device = None
     if heavy and options.augment_on == "device":
@@ -161,6 +137,100 @@ def make_mixed_dataset(
         batch_size,
     )
     return ds, device, plan, info
+
+
+def _parts(engine, mixture, split: str, options: LoadOptions, plan: MixedPlan, context) -> list:
+    """Each dataset's tf.data engine plan and reading options: batches of its largest
+    count (at most its split), at the mixture's size, with int (or multi-hot) labels,
+    the crops and flips, repeated without end."""
+    parts = []
+    for index, manifest in enumerate(mixture.manifests):
+        sizes = plan.counts[:, index]
+        theirs = dataclasses.replace(
+            options,
+            image_size=plan.shape[:2],
+            label_mode="multi_hot" if manifest.multi_label else "int",
+            dtype="uint8",
+            sample_weights=False,
+            repeat=True,
+            augment=tuple(item for item in options.augment if item in FUSED),
+            augment_on="host",
+            seed=None if options.seed is None else options.seed + 7919 * index,
+        )
+        # What this input pipeline holds of the dataset (a plan reserves nothing; one that
+        # holds none is refused there, naming the dataset).
+        held = make_plan(manifest, split, theirs, input_context=context).num_examples
+        theirs = dataclasses.replace(theirs, batch_size=int(max(1, min(sizes.max(), held))))
+        parts.append((engine.plan(manifest, split, theirs, input_context=context), theirs))
+    return parts
+
+
+def _built(engine, mixture, parts: list, **changes) -> list:
+    """Each part's dataset (its plan changed by ``changes``), built by the tf.data engine;
+    what plans of parts not built reserved of the cache budget goes back on an error."""
+    built = []
+    try:
+        for manifest, (part_plan, theirs) in zip(mixture.manifests, parts, strict=True):
+            dataset, _ = engine.build(dataclasses.replace(part_plan, **changes), manifest, theirs)
+            built.append(dataset)
+    except BaseException:
+        for part_plan, _ in parts[len(built) + 1 :]:  # build gives back its own plan's
+            engine.release(part_plan)
+        raise
+    return built
+
+
+def _by_image(engine, mixture, plans: list, plan: MixedPlan, seed: int):
+    """Images decoded one by one (photos): each dataset's images as decoded, chosen into
+    batches by the schedule, each batch's slots dealt at random; the batch is the one copy
+    an image takes, as when one dataset is read."""
+    parts = []
+    for index, images in enumerate(_built(engine, mixture, plans, images_alone=True)):
+        labels = mixture.labels_of(index)
+        if (labels == np.arange(len(labels))).all():  # the first dataset's: as they are
+            parts.append(images)
+            continue
+        lookup = tf.constant(labels, tf.int64)
+        parts.append(
+            images.map(
+                lambda image, label, lookup=lookup: (image, tf.gather(lookup, label)),
+                num_parallel_calls=tf.data.AUTOTUNE,
+            )
+        )
+    counts = tf.constant(plan.counts, tf.int64)
+    steps = plan.steps
+
+    def slots(number):
+        batch = number % steps
+        datasets = tf.repeat(tf.range(len(parts), dtype=tf.int64), counts[batch])
+        dealt = tf.random.experimental.stateless_shuffle(
+            datasets, seed=tf.stack([tf.constant(seed, tf.int64), number])
+        )
+        return tf.data.Dataset.from_tensor_slices(dealt)
+
+    choices = tf.data.Dataset.counter().flat_map(slots)
+    ds = tf.data.Dataset.choose_from_datasets(parts, choices)
+    return ds.batch(plan.batch_size, drop_remainder=True, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _by_batch(engine, mixture, plans: list, plan: MixedPlan, seed: int):
+    """Images decoded in blocks (raw pixels), or multi-label: each dataset read in batches
+    (``load``), brought into the mixture a batch at a time, regrouped into its count of
+    each mixed batch in turn (``rebatch``: tensors sliced and joined), and the parts of a
+    batch dealt into its slots."""
+    parts = []
+    for index, part in enumerate(_built(engine, mixture, plans)):
+        manifest, (_, theirs) = mixture.manifests[index], plans[index]
+        sizes = plan.counts[:, index]
+        into = _into_mixture(plan, manifest, mixture.labels_of(index))
+        part = part.map(into, num_parallel_calls=tf.data.AUTOTUNE)
+        # (Read in batches of its count when that never changes: nothing to regroup.)
+        whole = sizes.min() == sizes.max() == theirs.batch_size
+        parts.append(part if whole else part.rebatch(tf.constant(sizes, tf.int64)))
+    numbers = tf.data.Dataset.counter()
+    return tf.data.Dataset.zip(tuple(parts), numbers).map(
+        _dealt(plan.batch_size, seed), num_parallel_calls=tf.data.AUTOTUNE
+    )
 
 
 def _dealt(batch_size: int, seed: int):
@@ -214,7 +284,11 @@ def _finished(ds, plan: MixedPlan, heavy: tuple, dtype: str, seed: int | None):
     layers = DeviceAugmentation([h for h in heavy if not (isinstance(h, str) and h in HOST)], seed)
 
     def finish(images, labels, key):
-        images = tf.ensure_shape(images, (None, *plan.shape))
+        # Static shapes, the batch size included (TPU/XLA compile for them).
+        images = tf.ensure_shape(images, (plan.batch_size, *plan.shape))
+        labels = tf.ensure_shape(
+            labels, (plan.batch_size, plan.num_classes) if plan.multi_label else (plan.batch_size,)
+        )
         if host:
             images = host(images, key)
         if plan.label_mode == "int":

@@ -60,6 +60,9 @@ def build(plan: ReadPlan, *, counters: dict, augmentation=None, host=None):
     # Training: windows of several shards' blocks, each permuted (decoded pixels cut into
     # full batches: static shapes for TPU/XLA). Evaluation: every example once, in order.
     ds = ds.apply(_shuffled(plan, parallel, finished))
+    if plan.images_alone:  # a mixture's part: the images, which the mixture batches
+        ds = batches.each_image(plan, ds, counters, per_core)
+        return ds.repeat().prefetch(tf.data.AUTOTUNE).with_options(dataset_options())
     # Images cropped or resized as they are read: one per call, a call per core (decode,
     # a JPEG's crop window only; crop, resize, flip, all on uint8), then batched.
     ds = ds.apply(_each_image(plan, counters, per_core))

@@ -69,6 +69,9 @@ class ReadPlan:
             are then decoded one by one (``per_image``), after the draw.
         class_counts: with ``sampling``, each class's examples in this pipeline's share.
         shard_classes: with ``sampling``, the classes each of ``files`` holds.
+        images_alone: a ``per_image`` training plan yields its ``(image, label)``
+            elements as decoded, unbatched and without end (a mixture of datasets
+            batches them, :mod:`chute.read.tf.mixed`).
     """
 
     files: tuple[str, ...]
@@ -108,6 +111,7 @@ class ReadPlan:
     sampling: tuple[float, ...] | None = None
     class_counts: tuple[int, ...] = ()
     shard_classes: tuple[tuple[int, ...], ...] = ()
+    images_alone: bool = False
 
     @property
     def shuffled_blocks(self) -> int:
