@@ -136,6 +136,31 @@ def test_an_append_is_locked_against_another_writer(dataset, tmp_path):
     assert chute.load_manifest(dataset).version == 1
 
 
+@pytest.mark.slow  # two appends in processes of their own, started together
+def test_two_appends_racing_leave_both_versions_whole(dataset, tmp_path):
+    """Two live ``chute convert --append`` processes into one dataset: each either appends
+    or, while the other holds the lock, is refused naming it (exit 2, nothing written);
+    a refused one run again appends. The dataset ends at version 3 with both sources'
+    images, verified, no lock or work left."""
+    sources = [_new(tmp_path, {"eel": 30}, name="eels"), _new(tmp_path, {"fox": 30}, 2, "foxes")]
+    racing = [subprocess.Popen(_append_cmd(src, dataset), stderr=subprocess.PIPE, text=True)
+              for src in sources]  # fmt: skip
+    for process, src in zip(racing, sources, strict=True):
+        _, err = process.communicate(timeout=240)
+        assert process.returncode in (0, 2), err
+        if process.returncode == 2:  # the other held the lock: refused before any write
+            assert "Another chute convert is writing into `output`" in err, err
+            assert "Traceback" not in err
+            again = subprocess.run(_append_cmd(src, dataset), capture_output=True, text=True)
+            assert again.returncode == 0, again.stderr
+    manifest = chute.load_manifest(dataset)
+    assert manifest.version == 3 and manifest.class_names[:2] == ["cat", "dog"]
+    assert sorted(manifest.class_names[2:]) == ["eel", "fox"]  # in the order they landed
+    assert manifest.num_examples("train") + manifest.num_examples("val") == 40 + 60
+    assert chute.verify(dataset).ok
+    assert not (dataset / lock.LOCK_NAME).exists() and not (dataset / resume.WORK_DIR).exists()
+
+
 def _crash_on_write(monkeypatch, calls: list, crash_at: int) -> None:
     real = ShardWriter.write
 

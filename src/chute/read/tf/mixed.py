@@ -126,6 +126,12 @@ def make_mixed_dataset(
     ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
     ds = ds.repeat() if options.repeat else ds
     ds = ds.prefetch(tf.data.AUTOTUNE)
+    # Not started when the iterator is made: warm-started, the pipelines of several
+    # datasets together stopped for good after a few passes (TF 2.21, in bench_mix.py:
+    # every thread waiting, the 7th pass of alternating photo and glyph mixtures).
+    options = tf.data.Options()
+    options.experimental_warm_start = False
+    ds = ds.with_options(options)
     info = mixture.describe(split, batch_size * max(share.replicas, 1))
     log.info(
         "input pipeline %d of %d: a mixture of %d datasets (%s), %d batches of %d per epoch",
@@ -222,8 +228,11 @@ def _by_batch(engine, mixture, plans: list, plan: MixedPlan, seed: int):
     for index, part in enumerate(_built(engine, mixture, plans)):
         manifest, (_, theirs) = mixture.manifests[index], plans[index]
         sizes = plan.counts[:, index]
-        into = _into_mixture(plan, manifest, mixture.labels_of(index))
-        part = part.map(into, num_parallel_calls=tf.data.AUTOTUNE)
+        labels = mixture.labels_of(index)
+        same = (labels == np.arange(len(labels))).all()
+        if not same or manifest.image.channels != plan.shape[2] or plan.multi_label:
+            into = _into_mixture(plan, manifest, labels)
+            part = part.map(into, num_parallel_calls=tf.data.AUTOTUNE)
         # (Read in batches of its count when that never changes: nothing to regroup.)
         whole = sizes.min() == sizes.max() == theirs.batch_size
         parts.append(part if whole else part.rebatch(tf.constant(sizes, tf.int64)))
