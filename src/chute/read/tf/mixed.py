@@ -255,7 +255,10 @@ def _dealt(batch_size: int, seed: int):
         sizes = [tf.shape(labels)[0] for _, labels in parts]
         slots = tf.split(order, tf.stack(sizes)) if len(parts) > 1 else [order]
         images = tf.dynamic_stitch(slots, [images for images, _ in parts])
-        labels = tf.dynamic_stitch(slots, [labels for _, labels in parts])
+        # one dtype: a first dataset's labels come as read (int32, or multi-hot floats)
+        floating = any(labels.dtype.is_floating for _, labels in parts)
+        kind = tf.float32 if floating else tf.int64
+        labels = tf.dynamic_stitch(slots, [tf.cast(labels, kind) for _, labels in parts])
         return images, labels
 
     return deal
