@@ -42,21 +42,28 @@ BEGAN = {  # the epochs each attempt began: after a kill, the epoch it interrupt
 }
 
 
+def _jpeg_shards(root: Path, classes: dict[str, tuple[int, int]], seed: int, shards: int) -> Path:
+    """``classes`` (name -> (images, the channel that is bright)) of random RGB 24x32
+    images, converted to JPEG shards stored at their aspect ratio (val 0.25)."""
+    rng = np.random.default_rng(seed)
+    for name, (count, channel) in classes.items():
+        for index in range(count):
+            pixels = rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)
+            pixels[:, :, channel] = 200
+            write_image(root / "src" / name / f"{index:03d}.png", pixels)
+    chute.convert(
+        root / "src", root / "shards", image_size=(24, 32), resize="crop", encoding="jpeg",
+        val_fraction=0.25, min_shards=shards, workers=1,
+    )  # fmt: skip
+    return root / "shards"
+
+
 def resume_shards(tmp_path_factory) -> Path:
     """3 classes x 40 RGB 24x32 photos-like images as JPEG shards (train 90 in 12
     shards, val 30), stored at their aspect ratio (evaluation centre-crops them)."""
 
     def build(root: Path) -> None:
-        rng = np.random.default_rng(0)
-        for label, name in enumerate("abc"):
-            for index in range(40):
-                pixels = rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)
-                pixels[:, :, label] = 200
-                write_image(root / "src" / name / f"{index:03d}.png", pixels)
-        chute.convert(
-            root / "src", root / "shards", image_size=(24, 32), resize="crop", encoding="jpeg",
-            val_fraction=0.25, min_shards=12, workers=1,
-        )  # fmt: skip
+        _jpeg_shards(root, {"a": (40, 0), "b": (40, 1), "c": (40, 2)}, 0, 12)
 
     return once_per_run(tmp_path_factory, "grain-shards", build) / "shards"
 
@@ -66,16 +73,7 @@ def mix_shards(tmp_path_factory) -> Path:
     ``c`` (its 30 images) and a new one, ``d`` (18), RGB 24x32 JPEG shards, train 36."""
 
     def build(root: Path) -> None:
-        rng = np.random.default_rng(1)
-        for name, count in (("c", 30), ("d", 18)):
-            for index in range(count):
-                pixels = rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)
-                pixels[:, :, 2 if name == "c" else 1] = 200
-                write_image(root / "src" / name / f"{index:03d}.png", pixels)
-        chute.convert(
-            root / "src", root / "shards", image_size=(24, 32), resize="crop", encoding="jpeg",
-            val_fraction=0.25, min_shards=4, workers=1,
-        )  # fmt: skip
+        _jpeg_shards(root, {"c": (30, 2), "d": (18, 1)}, 1, 4)
 
     return once_per_run(tmp_path_factory, "mix-shards", build) / "shards"
 

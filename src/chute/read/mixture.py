@@ -206,6 +206,19 @@ class Schedule:
         return datasets[rng.permutation(len(datasets))]
 
 
+def part_options(options: Any, manifest: Manifest, size: tuple[int, int]) -> Any:
+    """The ``LoadOptions`` one dataset of a mixture is read with: at the mixture's image
+    ``size``, labels as stored (class numbers, or multi-hot rows) for the mixture to map,
+    uint8 pixels, no sample weights."""
+    return dataclasses.replace(
+        options,
+        image_size=size,
+        label_mode="multi_hot" if manifest.multi_label else "int",
+        dtype="uint8",
+        sample_weights=False,
+    )
+
+
 def reading_options(options: Any) -> Any:
     """``LoadOptions`` for reading a mixture: no sample weights, as its batches are
     ``(images, labels)`` (a weighted dataset's weights are left out unless asked for,

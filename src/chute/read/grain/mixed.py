@@ -182,13 +182,7 @@ def make_mixed_dataset(
     schedule = mixture.schedule(split, global_batch)
     parts = []
     for index, manifest in enumerate(mixture.manifests):
-        theirs = dataclasses.replace(
-            options,
-            image_size=plan.shape[:2],
-            label_mode="multi_hot" if manifest.multi_label else "int",
-            dtype="uint8",
-            sample_weights=False,
-        )
+        theirs = mixture_lib.part_options(options, manifest, plan.shape[:2])
         part_plan = make_plan(manifest, split, theirs, Share(), 1)
         cache = shard_cache.for_load(manifest.location, theirs)
         source = GrainSource(manifest, split, cache)

@@ -153,11 +153,7 @@ def _parts(engine, mixture, split: str, options: LoadOptions, plan: MixedPlan, c
     for index, manifest in enumerate(mixture.manifests):
         sizes = plan.counts[:, index]
         theirs = dataclasses.replace(
-            options,
-            image_size=plan.shape[:2],
-            label_mode="multi_hot" if manifest.multi_label else "int",
-            dtype="uint8",
-            sample_weights=False,
+            mixture_lib.part_options(options, manifest, plan.shape[:2]),
             repeat=True,
             augment=tuple(item for item in options.augment if item in FUSED),
             augment_on="host",
