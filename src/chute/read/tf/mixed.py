@@ -122,9 +122,10 @@ def make_mixed_dataset(
     if heavy and options.augment_on == "device":
         device = DeviceAugmentation(heavy, seed)
     ds = _finished(ds, plan, () if device else heavy, options.dtype, options.seed)
-    ds = ds.take(steps)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
-    ds = ds.repeat() if options.repeat else ds
+    if not options.repeat:  # an epoch an iterator (each a new start of every dataset)
+        ds = ds.take(steps).apply(tf.data.experimental.assert_cardinality(steps))
+    # With repeat, the stream runs on: a repeat of epochs would start every dataset's
+    # pipeline again at each (measured: half the raw glyphs a second).
     ds = ds.prefetch(tf.data.AUTOTUNE)
     # Not started when the iterator is made: warm-started, the pipelines of several
     # datasets together stopped for good after a few passes (TF 2.21, in bench_mix.py:
