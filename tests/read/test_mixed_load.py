@@ -353,8 +353,12 @@ def test_an_input_pipeline_that_holds_none_of_a_dataset_is_named(mixable):
     context = types.SimpleNamespace(
         num_input_pipelines=40, input_pipeline_id=39, num_replicas_in_sync=40
     )
+    from chute.read.tf.engine import CACHE_BUDGET
+
+    held = CACHE_BUDGET.used
     with pytest.raises(ChuteError, match=r"mixable/b has no examples to read here"):
         chute.load([mixable["a"], mixable["b"]], batch_size=2, input_context=context)
+    assert CACHE_BUDGET.used == held  # a's in-memory cache, reserved in its plan, given back
     # each of 4 holds a share (b: 9 images, 20 of them a batch), read in batches of what
     # it holds at most
     context = types.SimpleNamespace(

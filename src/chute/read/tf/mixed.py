@@ -151,20 +151,26 @@ def _parts(engine, mixture, split: str, options: LoadOptions, plan: MixedPlan, c
     count (at most its split), at the mixture's size, with int (or multi-hot) labels,
     the crops and flips, repeated without end."""
     parts = []
-    for index, manifest in enumerate(mixture.manifests):
-        sizes = plan.counts[:, index]
-        theirs = dataclasses.replace(
-            mixture_lib.part_options(options, manifest, plan.shape[:2]),
-            repeat=True,
-            augment=tuple(item for item in options.augment if item in FUSED),
-            augment_on="host",
-            seed=None if options.seed is None else options.seed + 7919 * index,
-        )
-        # What this input pipeline holds of the dataset (a plan reserves nothing; one that
-        # holds none is refused there, naming the dataset).
-        held = make_plan(manifest, split, theirs, input_context=context).num_examples
-        theirs = dataclasses.replace(theirs, batch_size=int(max(1, min(sizes.max(), held))))
-        parts.append((engine.plan(manifest, split, theirs, input_context=context), theirs))
+    try:
+        for index, manifest in enumerate(mixture.manifests):
+            sizes = plan.counts[:, index]
+            theirs = dataclasses.replace(
+                mixture_lib.part_options(options, manifest, plan.shape[:2]),
+                repeat=True,
+                augment=tuple(item for item in options.augment if item in FUSED),
+                augment_on="host",
+                seed=None if options.seed is None else options.seed + 7919 * index,
+            )
+            # What this input pipeline holds of the dataset (a plan reserves nothing; one
+            # that holds none is refused there, naming the dataset).
+            held = make_plan(manifest, split, theirs, input_context=context).num_examples
+            size = int(max(1, min(sizes.max(), held)))
+            theirs = dataclasses.replace(theirs, batch_size=size)
+            parts.append((engine.plan(manifest, split, theirs, input_context=context), theirs))
+    except BaseException:
+        for part_plan, _ in parts:  # what the plans made so far reserved goes back
+            engine.release(part_plan)
+        raise
     return parts
 
 
