@@ -731,9 +731,11 @@ def _fit(
 def _mix_counts(mixture: Any) -> Any:
     """A callback that puts each mixed dataset's images of the epoch into its logs (so
     into the history and ``history.csv``): ``images_<dataset folder>``."""
+    from chute.read.mixture import folder_name
+
     names = []
     for location in mixture.datasets:
-        name = "images_" + (location.rstrip("/").rsplit("/", 1)[-1] or "dataset")
+        name = f"images_{folder_name(location)}"
         names.append(name if name not in names else f"{name}_{len(names)}")
 
     class MixCounts(keras.callbacks.Callback):

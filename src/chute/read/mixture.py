@@ -104,9 +104,10 @@ class Mixture:
         steps = self.epoch_steps(split, global_batch)
         return Schedule(batch_counts(self.shares, global_batch, steps))
 
-    def describe(self, split: str, global_batch: int) -> MixInfo:
-        """What an epoch of this mixture reads: :class:`MixInfo`."""
-        schedule = self.schedule(split, global_batch)
+    def describe(self, split: str, global_batch: int, schedule: Schedule | None = None) -> MixInfo:
+        """What an epoch of this mixture reads: :class:`MixInfo` (``schedule``: its
+        schedule for ``global_batch``, when already made)."""
+        schedule = schedule or self.schedule(split, global_batch)
         return MixInfo(
             datasets=tuple(m.location for m in self.manifests),
             weights=self.shares,
@@ -156,7 +157,7 @@ def shown(info: MixInfo) -> str:
         'a 75% (30 images an epoch), c 25% (10)'
     """
     parts = [
-        f"{_name(where)} {weight:.0%}"
+        f"{folder_name(where)} {weight:.0%}"
         + (f" ({images} images an epoch)" if i == 0 else f" ({images})")
         for i, (where, weight, images) in enumerate(
             zip(info.datasets, info.weights, info.images, strict=True)
@@ -165,7 +166,7 @@ def shown(info: MixInfo) -> str:
     return ", ".join(parts)
 
 
-def _name(location: str) -> str:
+def folder_name(location: str) -> str:
     """A dataset's folder name, for logs."""
     return location.rstrip("/").rsplit("/", 1)[-1] or location
 
@@ -219,12 +220,20 @@ def part_options(options: Any, manifest: Manifest, size: tuple[int, int]) -> Any
     )
 
 
-def reading_options(options: Any) -> Any:
+def reading_options(options: Any, split: str = "train") -> Any:
     """``LoadOptions`` for reading a mixture: no sample weights, as its batches are
     ``(images, labels)`` (a weighted dataset's weights are left out unless asked for,
     which is refused); class sampling ``"balanced"`` only (within each dataset: weights
-    by class would have to say which dataset's class they weigh).
+    by class would have to say which dataset's class they weigh); ``split`` read for
+    training (evaluation reads each dataset's split once, on its own).
     """
+    training = (split == "train") if options.training is None else options.training
+    if not training:
+        raise ChuteError(
+            f"`weights` mix training draws; split {split!r} is read for evaluation (every "
+            "example once): load each dataset's split on its own. Received: "
+            f"split={split!r}, training={options.training!r}"
+        )
     for name in ("data_service", "skip_corrupt"):
         if getattr(options, name):
             raise ChuteError(

@@ -55,11 +55,12 @@ class MixedBatches:
         mixture: mixture_lib.Mixture,
         plan: GrainPlan,
         seed: int,
+        schedule: mixture_lib.Schedule,
     ):
         self.parts, self.plan, self.seed, self.share = parts, plan, seed, plan.share
         self.maps = [mixture.labels_of(index) for index in range(len(parts))]
         self.steps = plan.steps
-        self.schedule = mixture.schedule(plan.split, plan.batch_size * plan.share.pipelines)
+        self.schedule = schedule  # for the global batch: every pipeline's batch j together
         self.finish = dataset_lib.Finish(plan)
         # An epoch defined by the first dataset (not a number of steps) reads it once.
         self.aligned = mixture.steps is None
@@ -163,14 +164,8 @@ def make_mixed_dataset(
             read from one of the datasets.
     """
     first = mixture.first
-    options = mixture_lib.reading_options(options)
+    options = mixture_lib.reading_options(options, split)
     plan = make_plan(first, split, options, share, replicas)
-    if not plan.training:
-        raise ChuteError(
-            f"`weights` mix training draws; split {split!r} is read for evaluation (every "
-            "example once): load each dataset's split on its own. Received: "
-            f"split={split!r}, training={options.training!r}"
-        )
     global_batch = plan.batch_size * share.pipelines
     plan = dataclasses.replace(
         plan,
@@ -208,10 +203,10 @@ def make_mixed_dataset(
                 stored=manifest.image,
             )
         )
-    batches = MixedBatches(parts, mixture, plan, seed)
+    batches = MixedBatches(parts, mixture, plan, seed, schedule)
     workers = grain_workers.default_workers() if plan.workers is None else plan.workers
     grain_workers.check_processes(workers)
-    info = mixture.describe(split, global_batch)
+    info = mixture.describe(split, global_batch, schedule)
     log.info(
         "grain engine: input pipeline %d of %d, a mixture of %d datasets (%s), %d batches "
         "of %d per epoch, %d worker(s)",

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from chute.errors import ChuteError
 from chute.image.channels import LUMA
 from chute.lazy import tf
 from chute.read import mixture as mixture_lib
@@ -60,7 +59,6 @@ class MixedPlan:
     label_mode: str | None
     multi_label: bool
     num_classes: int
-    training: bool
 
     @property
     def steps(self) -> int:
@@ -87,14 +85,8 @@ def make_mixed_dataset(
         ChuteError: the split is read for evaluation, or what the options ask cannot be
             read from one of the datasets, or with mixing.
     """
-    options = mixture_lib.reading_options(options)
+    options = mixture_lib.reading_options(options, split)
     aim = target(mixture.first, split, options)
-    if not aim.training:
-        raise ChuteError(
-            f"`weights` mix training draws; split {split!r} is read for evaluation (every "
-            "example once): load each dataset's split on its own. Received: "
-            f"split={split!r}, training={options.training!r}"
-        )
     share = Share.of(input_context)
     batch_size = options.batch_size
     global_steps = mixture.epoch_steps(split, batch_size * max(share.replicas, 1))
@@ -106,7 +98,6 @@ def make_mixed_dataset(
         label_mode=aim.label_mode,
         multi_label=aim.multi_label,
         num_classes=len(mixture.class_names),
-        training=True,
     )
     spec = options.augment_spec
     seed = options.seed
